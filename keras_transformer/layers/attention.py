@@ -1,0 +1,304 @@
+"""§3.2 Attention: scaled dot-product attention (eq. 1) and multi-head attention.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V                              (1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Eq. (1) goes through `keras.ops.dot_product_attention`, which dispatches to fused
+kernels (cuDNN / flash attention on GPU, `scaled_dot_product_attention` in torch),
+unless the caller asks for the attention weights or attention dropout is active;
+then the explicit softmax path beside it runs instead.
+
+The layer also carries the key/value cache used for incremental decoding: a
+fixed-size tensor updated at an index, so the decoding loop compiles under
+`jax.jit` and `tf.function`.
+"""
+
+import functools
+import math
+
+import keras
+from keras import ops
+
+# Added to the float32 logits of masked positions on the explicit path. Any value
+# far below real logits works; this one stays finite in float32.
+_MASKED_LOGIT = -1e9
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_attention_fails_for_float16():
+    """Whether the fused kernel rejects float16 here.
+
+    XLA on CPU has no float16 x float16 -> float32 dot_general, which JAX's
+    `dot_product_attention` asks for, so JAX on a CPU takes the explicit path in
+    float16. Every other backend and device runs the fused kernel.
+    """
+    if keras.backend.backend() != "jax":
+        return False
+    devices = keras.distribution.list_devices()
+    return all(device.lower().startswith("cpu") for device in devices)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product attention (§3.2.2).
+
+    Projects queries, keys and values into `num_heads` subspaces, applies eq. (1)
+    in each, concatenates the heads and projects back to `output_dim`. Used for
+    encoder self-attention, causal decoder self-attention and encoder-decoder
+    (cross) attention.
+
+    Args:
+        num_heads: h, the number of heads.
+        key_dim: d_k, the width of each head's queries and keys.
+        value_dim: d_v, the width of each head's values; defaults to `key_dim`.
+        output_dim: Width of the output; defaults to the query's last dimension.
+        dropout_rate: Dropout on the attention weights (the paper uses none).
+        use_bias: Whether the projections have biases.
+        kernel_initializer: Initializer of the projection kernels.
+        **kwargs: Base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: (batch, T, d_query) float tensor.
+        value: (batch, S, d_value) float tensor, or None for self-attention.
+        key: (batch, S, d_key) float tensor; defaults to `value`.
+        key_padding_mask: (batch, S) bool tensor, True for real tokens, False for
+            padding keys that must receive zero weight.
+        attention_mask: (batch, T, S) bool tensor, True where query t may attend
+            to key s. Combined with the other masks by logical AND.
+        use_causal_mask: Whether query t may only attend to keys s <= t (with a
+            cache: to keys s <= cache_update_index + t).
+        cache: (batch, 2, S_max, num_heads, head_dim) keys and values. With
+            `cache_update_index`, the keys and values of this call's positions are
+            written into it at that index (self-attention decoding). Without it,
+            the cache holds precomputed keys and values and `key`/`value` are
+            ignored (cross-attention decoding).
+        cache_update_index: int scalar, the position of `query[:, 0]`.
+        return_attention_scores: Whether to return the attention weights too.
+        training: Whether attention dropout is active.
+
+    Returns:
+        (batch, T, output_dim) attention output; followed by the updated cache
+        when `cache` is given, and by (batch, num_heads, T, S) float32 attention
+        weights when `return_attention_scores` is True.
+
+    Example:
+
+    >>> attention = MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = keras.random.normal((3, 5, 8))
+    >>> attention(x, use_causal_mask=True).shape
+    (3, 5, 8)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        output_dim=None,
+        dropout_rate=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("num_heads", num_heads), ("key_dim", key_dim)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive integer.")
+        if not 0 <= dropout_rate < 1:
+            raise ValueError(f"dropout_rate={dropout_rate!r} must be in [0, 1).")
+        self._num_heads = num_heads
+        self._key_dim = key_dim
+        self._value_dim = value_dim or key_dim
+        self._output_dim = output_dim
+        self._dropout_rate = dropout_rate
+        self._use_bias = use_bias
+        self._kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = False
+
+    @property
+    def num_heads(self):
+        return self._num_heads
+
+    @property
+    def key_dim(self):
+        return self._key_dim
+
+    @property
+    def value_dim(self):
+        return self._value_dim
+
+    @property
+    def output_dim(self):
+        return self._output_dim
+
+    @property
+    def dropout_rate(self):
+        return self._dropout_rate
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = value_shape or query_shape
+        key_shape = key_shape or value_shape
+        output_dim = self._output_dim or query_shape[-1]
+        heads = self._num_heads
+
+        def projection(name, width):
+            return keras.layers.EinsumDense(
+                "btd,dnh->btnh",
+                output_shape=(None, heads, width),
+                bias_axes="nh" if self._use_bias else None,
+                kernel_initializer=self._clone_initializer(),
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        self.query_dense = projection("query", self._key_dim)
+        self.query_dense.build(query_shape)
+        self.key_dense = projection("key", self._key_dim)
+        self.key_dense.build(key_shape)
+        self.value_dense = projection("value", self._value_dim)
+        self.value_dense.build(value_shape)
+        self.output_dense = keras.layers.EinsumDense(
+            "btnh,nhd->btd",
+            output_shape=(None, output_dim),
+            bias_axes="d" if self._use_bias else None,
+            kernel_initializer=self._clone_initializer(),
+            dtype=self.dtype_policy,
+            name="attention_output",
+        )
+        self.output_dense.build((query_shape[0], query_shape[1], heads, self._value_dim))
+        self.attention_dropout = keras.layers.Dropout(
+            self._dropout_rate, dtype=self.dtype_policy, name="attention_dropout"
+        )
+        self.built = True
+
+    def _clone_initializer(self):
+        return self._kernel_initializer.__class__.from_config(
+            self._kernel_initializer.get_config()
+        )
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        key_padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        value = query if value is None else value
+        key = value if key is None else key
+
+        q = self.query_dense(query)
+        if cache is not None and cache_update_index is None:
+            k, v = cache[:, 0], cache[:, 1]
+        else:
+            k = self.key_dense(key)
+            v = self.value_dense(value)
+            if cache is not None:
+                start = [0, cache_update_index, 0, 0]
+                k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
+                v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
+                cache = ops.stack((k, v), axis=1)
+
+        mask = self._merge_masks(
+            q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
+        )
+        attention_output, scores = self._compute_attention(
+            q, k, v, mask, return_attention_scores, training
+        )
+        outputs = [self.output_dense(attention_output)]
+        if cache is not None:
+            outputs.append(cache)
+        if return_attention_scores:
+            outputs.append(scores)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _merge_masks(
+        self, q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
+    ):
+        """Combines the masks into one (batch or 1, 1, T, S) bool mask, or None."""
+        masks = []
+        if key_padding_mask is not None:
+            masks.append(ops.cast(key_padding_mask, "bool")[:, None, None, :])
+        if attention_mask is not None:
+            masks.append(ops.cast(attention_mask, "bool")[:, None, :, :])
+        if use_causal_mask:
+            query_length, key_length = ops.shape(q)[1], ops.shape(k)[1]
+            offset = 0 if cache_update_index is None else cache_update_index
+            query_positions = ops.arange(query_length) + offset
+            key_positions = ops.arange(key_length)
+            causal = ops.less_equal(key_positions[None, :], query_positions[:, None])
+            masks.append(causal[None, None, :, :])
+        if not masks:
+            return None
+        mask = masks[0]
+        for other in masks[1:]:
+            mask = ops.logical_and(mask, other)
+        # A query with no key to attend to (a row that is all padding) would give
+        # 0/0 in the softmax. Let it attend to every key instead: its output is
+        # finite and, being padding itself, never used.
+        return ops.logical_or(mask, ops.logical_not(ops.any(mask, axis=-1, keepdims=True)))
+
+    def _use_fused_attention(self, return_attention_scores, training):
+        """Whether eq. (1) may go through the fused `dot_product_attention`."""
+        if return_attention_scores:
+            return False
+        if training and self._dropout_rate > 0:
+            return False
+        if self.compute_dtype == "float16" and _fused_attention_fails_for_float16():
+            return False
+        return True
+
+    def _compute_attention(self, query, key, value, mask, return_attention_scores, training):
+        """Eq. (1) for every head.
+
+        Args:
+            query: (batch, T, num_heads, key_dim).
+            key: (batch, S, num_heads, key_dim).
+            value: (batch, S, num_heads, value_dim).
+            mask: (batch or 1, 1, T, S) bool, True where attention is allowed.
+
+        Returns:
+            (batch, T, num_heads, value_dim) outputs and the (batch, num_heads, T, S)
+            float32 attention weights, or None for them on the fused path.
+        """
+        scale = 1.0 / math.sqrt(self._key_dim)
+        if self._use_fused_attention(return_attention_scores, training):
+            if mask is not None:
+                mask = ops.broadcast_to(
+                    mask,
+                    (ops.shape(query)[0], 1, ops.shape(query)[1], ops.shape(key)[1]),
+                )
+            output = ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+            return output, None
+
+        # The explicit path: logits and softmax in float32 for stability in
+        # mixed precision.
+        query = ops.multiply(query, ops.cast(scale, query.dtype))
+        logits = ops.cast(ops.einsum("btnh,bsnh->bnts", query, key), "float32")
+        if mask is not None:
+            logits = ops.where(mask, logits, _MASKED_LOGIT)
+        weights = ops.softmax(logits, axis=-1)
+        dropped = self.attention_dropout(weights, training=training)
+        output = ops.einsum("bnts,bsnh->btnh", ops.cast(dropped, value.dtype), value)
+        return output, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self._num_heads,
+                "key_dim": self._key_dim,
+                "value_dim": self._value_dim,
+                "output_dim": self._output_dim,
+                "dropout_rate": self._dropout_rate,
+                "use_bias": self._use_bias,
+                "kernel_initializer": keras.initializers.serialize(self._kernel_initializer),
+            }
+        )
+        return config

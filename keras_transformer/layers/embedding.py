@@ -1,0 +1,257 @@
+"""§3.4 Embeddings and Softmax, §3.5 Positional Encoding.
+
+§3.4: token embeddings are multiplied by √d_model, and one weight matrix is shared
+by the source embedding, the target embedding and the pre-softmax linear
+transformation. `TokenEmbedding` holds that matrix and runs in both directions:
+ids → vectors, and vectors → vocabulary logits (`reverse=True`).
+
+§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
+      PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+Table 3 row (E) replaces them with learned position embeddings.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenEmbedding(keras.layers.Layer):
+    """Token embeddings scaled by √d_model, reusable as the output projection.
+
+    Forward: `embeddings[ids] · √d_model`. Reverse: `x · embeddingsᵀ (+ bias)`, the
+    pre-softmax linear transformation with the shared weights (§3.4).
+
+    Args:
+        vocab_size: Number of token ids.
+        d_model: Embedding width.
+        scale_embeddings: Whether to multiply looked-up embeddings by √d_model.
+        use_output_bias: Whether the reverse projection adds a per-token bias.
+        embeddings_initializer: Initializer of the (vocab_size, d_model) matrix;
+            defaults to N(0, d_model^-0.5), so that scaled embeddings have unit
+            variance like the positional encodings they are added to.
+        **kwargs: Base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: (batch, T) int token ids, or with `reverse=True` a
+            (batch, T, d_model) float tensor.
+        reverse: Whether to project vectors to vocabulary logits.
+
+    Returns:
+        (batch, T, d_model) embeddings in the compute dtype, or with
+        `reverse=True` (batch, T, vocab_size) float32 logits.
+
+    Example:
+
+    >>> embedding = TokenEmbedding(vocab_size=10, d_model=4)
+    >>> vectors = embedding(keras.ops.array([[1, 2, 0]]))
+    >>> embedding(vectors, reverse=True).shape
+    (1, 3, 10)
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        d_model,
+        scale_embeddings=True,
+        use_output_bias=False,
+        embeddings_initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive integer.")
+        self._vocab_size = vocab_size
+        self._d_model = d_model
+        self._scale_embeddings = scale_embeddings
+        self._use_output_bias = use_output_bias
+        self._embeddings_initializer = keras.initializers.get(
+            embeddings_initializer
+            or keras.initializers.RandomNormal(stddev=d_model**-0.5)
+        )
+
+    @property
+    def vocab_size(self):
+        return self._vocab_size
+
+    @property
+    def d_model(self):
+        return self._d_model
+
+    def build(self, inputs_shape=None):
+        self.embeddings = self.add_weight(
+            shape=(self._vocab_size, self._d_model),
+            initializer=self._embeddings_initializer,
+            name="embeddings",
+        )
+        self.output_bias = None
+        if self._use_output_bias:
+            self.output_bias = self.add_weight(
+                shape=(self._vocab_size,), initializer="zeros", name="output_bias"
+            )
+        self.built = True
+
+    def call(self, inputs, reverse=False):
+        embeddings = ops.cast(self.embeddings, self.compute_dtype)
+        if reverse:
+            logits = ops.matmul(inputs, ops.transpose(embeddings))
+            logits = ops.cast(logits, "float32")
+            if self.output_bias is not None:
+                logits = logits + ops.cast(self.output_bias, "float32")
+            return logits
+        outputs = ops.take(embeddings, ops.cast(inputs, "int32"), axis=0)
+        if self._scale_embeddings:
+            outputs = outputs * ops.cast(math.sqrt(self._d_model), self.compute_dtype)
+        return outputs
+
+    def compute_output_spec(self, inputs, reverse=False):
+        if reverse:
+            shape = (*inputs.shape[:-1], self._vocab_size)
+            return keras.KerasTensor(shape, dtype="float32")
+        return keras.KerasTensor((*inputs.shape, self._d_model), dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self._vocab_size,
+                "d_model": self._d_model,
+                "scale_embeddings": self._scale_embeddings,
+                "use_output_bias": self._use_output_bias,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self._embeddings_initializer
+                ),
+            }
+        )
+        return config
+
+
+def sinusoidal_position_encoding(length, d_model, start_index=0, max_wavelength=10000.0):
+    """The §3.5 matrix PE, shape (length, d_model), float32.
+
+    Column 2i holds sin(pos / max_wavelength^(2i/d_model)) and column 2i+1 the
+    cosine at the same frequency, for pos = start_index, ..., start_index+length-1.
+    """
+    positions = ops.cast(ops.arange(length) + start_index, "float32")
+    dims = ops.arange(d_model)
+    even_dims = ops.cast(dims - dims % 2, "float32")
+    inverse_frequencies = ops.power(max_wavelength, -even_dims / d_model)
+    angles = positions[:, None] * inverse_frequencies[None, :]
+    return ops.where(dims % 2 == 0, ops.sin(angles), ops.cos(angles))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """Fixed sinusoidal positional encodings (§3.5); no weights.
+
+    Computed on the fly, so any sequence length works and decoding step t gets
+    the encoding of position `start_index + t`.
+
+    Args:
+        max_wavelength: The 10000 of §3.5.
+        **kwargs: Base layer arguments.
+
+    Call arguments:
+        inputs: (batch, T, d_model) embeddings; only the shape is used.
+        start_index: Position of `inputs[:, 0]` (int or int scalar tensor).
+
+    Returns:
+        (batch, T, d_model) encodings in the compute dtype, to add to `inputs`.
+
+    Example:
+
+    >>> encoding = SinusoidalPositionEncoding()
+    >>> encoding(keras.ops.zeros((2, 5, 8))).shape
+    (2, 5, 8)
+    """
+
+    def __init__(self, max_wavelength=10000.0, **kwargs):
+        super().__init__(**kwargs)
+        self._max_wavelength = max_wavelength
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        shape = ops.shape(inputs)
+        encoding = sinusoidal_position_encoding(
+            shape[1], inputs.shape[-1], start_index, self._max_wavelength
+        )
+        return ops.broadcast_to(ops.cast(encoding, self.compute_dtype), shape)
+
+    def compute_output_spec(self, inputs, start_index=0):
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config["max_wavelength"] = self._max_wavelength
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LearnedPositionEmbedding(keras.layers.Layer):
+    """Learned position embeddings, the alternative of Table 3 row (E).
+
+    Args:
+        max_length: Number of positions with an embedding; longer inputs raise.
+        initializer: Initializer of the (max_length, d_model) matrix.
+        **kwargs: Base layer arguments.
+
+    Call arguments:
+        inputs: (batch, T, d_model) embeddings; only the shape is used.
+        start_index: Position of `inputs[:, 0]`.
+
+    Returns:
+        (batch, T, d_model) position embeddings in the compute dtype.
+    """
+
+    def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(max_length, int) or max_length <= 0:
+            raise ValueError(f"max_length={max_length!r} must be a positive integer.")
+        self._max_length = max_length
+        self._initializer = keras.initializers.get(initializer)
+
+    @property
+    def max_length(self):
+        return self._max_length
+
+    def build(self, inputs_shape):
+        self.position_embeddings = self.add_weight(
+            shape=(self._max_length, inputs_shape[-1]),
+            initializer=self._initializer,
+            name="position_embeddings",
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        length = inputs.shape[1]
+        if isinstance(length, int) and isinstance(start_index, int) and (
+            start_index + length > self._max_length
+        ):
+            raise ValueError(
+                f"Sequence of length {length} starting at position {start_index} is "
+                f"longer than max_length={self._max_length} of the learned position "
+                "embeddings: truncate the input or build the model with a larger "
+                "max_length."
+            )
+        shape = ops.shape(inputs)
+        embeddings = ops.slice(
+            ops.cast(self.position_embeddings, self.compute_dtype),
+            (start_index, 0),
+            (shape[1], shape[2]),
+        )
+        return ops.broadcast_to(embeddings, shape)
+
+    def compute_output_spec(self, inputs, start_index=0):
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_length": self._max_length,
+                "initializer": keras.initializers.serialize(self._initializer),
+            }
+        )
+        return config

@@ -1,0 +1,108 @@
+"""§3.3 Position-wise Feed-Forward Networks.
+
+    FFN(x) = max(0, x W_1 + b_1) W_2 + b_2                                    (2)
+
+The same two linear transformations are applied at every position; the inner
+width is d_ff (2048 in the base model).
+"""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionwiseFeedForward(keras.layers.Layer):
+    """Two linear maps with a ReLU between them, applied at every position (eq. 2).
+
+    Args:
+        d_ff: Inner width (2048 for the base model, 4096 for big).
+        output_dim: Width of the output; defaults to the input's last dimension
+            (d_model).
+        activation: Inner activation; the paper uses "relu".
+        activation_dropout_rate: Dropout on the inner activations (not in the
+            paper; default 0).
+        kernel_initializer: Initializer of both kernels.
+        **kwargs: Base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: (batch, T, d_model) float tensor.
+        training: Whether dropout is active.
+
+    Returns:
+        (batch, T, output_dim) tensor.
+
+    Example:
+
+    >>> ffn = PositionwiseFeedForward(d_ff=32)
+    >>> ffn(keras.ops.ones((2, 3, 8))).shape
+    (2, 3, 8)
+    """
+
+    def __init__(
+        self,
+        d_ff,
+        output_dim=None,
+        activation="relu",
+        activation_dropout_rate=0.0,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(d_ff, int) or d_ff <= 0:
+            raise ValueError(f"d_ff={d_ff!r} must be a positive integer.")
+        if not 0 <= activation_dropout_rate < 1:
+            raise ValueError(
+                f"activation_dropout_rate={activation_dropout_rate!r} must be in [0, 1)."
+            )
+        self._d_ff = d_ff
+        self._output_dim = output_dim
+        self._activation = keras.activations.get(activation)
+        self._activation_dropout_rate = activation_dropout_rate
+        self._kernel_initializer = keras.initializers.get(kernel_initializer)
+
+    @property
+    def d_ff(self):
+        return self._d_ff
+
+    def build(self, inputs_shape):
+        output_dim = self._output_dim or inputs_shape[-1]
+        self.inner_dense = keras.layers.Dense(
+            self._d_ff,
+            activation=self._activation,
+            kernel_initializer=self._kernel_initializer.__class__.from_config(
+                self._kernel_initializer.get_config()
+            ),
+            dtype=self.dtype_policy,
+            name="inner_dense",
+        )
+        self.inner_dense.build(inputs_shape)
+        self.activation_dropout = keras.layers.Dropout(
+            self._activation_dropout_rate, dtype=self.dtype_policy, name="activation_dropout"
+        )
+        self.output_dense = keras.layers.Dense(
+            output_dim,
+            kernel_initializer=self._kernel_initializer.__class__.from_config(
+                self._kernel_initializer.get_config()
+            ),
+            dtype=self.dtype_policy,
+            name="output_dense",
+        )
+        self.output_dense.build((*inputs_shape[:-1], self._d_ff))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        hidden = self.inner_dense(inputs)
+        hidden = self.activation_dropout(hidden, training=training)
+        return self.output_dense(hidden)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "d_ff": self._d_ff,
+                "output_dim": self._output_dim,
+                "activation": keras.activations.serialize(self._activation),
+                "activation_dropout_rate": self._activation_dropout_rate,
+                "kernel_initializer": keras.initializers.serialize(self._kernel_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,321 @@
+"""§3.1 Encoder and Decoder Stacks: the Transformer model (Figure 1).
+
+    source ids ─ embedding·√d_model + PE ─ dropout ─ N × EncoderBlock ─┐
+    target ids ─ embedding·√d_model + PE ─ dropout ─ N × DecoderBlock ─┴─ Eᵀ ─ logits
+
+`Transformer.encode` runs the encoder once; `Transformer.decode` runs the decoder,
+either over a whole (shifted-right) target for training or step by step with a
+key/value cache for decoding. Calling the model does both.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
+from keras_transformer.layers.embedding import (
+    LearnedPositionEmbedding,
+    SinusoidalPositionEncoding,
+    TokenEmbedding,
+)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The encoder-decoder Transformer of "Attention Is All You Need".
+
+    All weights are created when the model is constructed, so
+    `Transformer(config).count_params()` works at once and a saved model loads
+    under any backend.
+
+    Args:
+        config: A `TransformerConfig` (or its dict form).
+        **kwargs: Base model arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: A dict with "source", (batch, S) int ids, and "target", (batch, T)
+            int ids of the decoder input (already shifted right). Id
+            `config.pad_id` is padding and is masked everywhere.
+        training: Whether dropout is active.
+
+    Returns:
+        (batch, T, target_vocab_size) float32 logits.
+
+    Example:
+
+    >>> config = TransformerConfig.tiny(vocab_size=20)
+    >>> model = Transformer(config)
+    >>> logits = model({"source": keras.ops.ones((2, 7), "int32"),
+    ...                 "target": keras.ops.ones((2, 5), "int32")})
+    >>> logits.shape
+    (2, 5, 20)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017.
+    """
+
+    def __init__(self, config, **kwargs):
+        if isinstance(config, dict):
+            config = TransformerConfig.from_dict(config)
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(
+                f"config must be a TransformerConfig, got {type(config).__name__}: "
+                "build one with TransformerConfig.base(vocab_size=...)."
+            )
+        super().__init__(**kwargs)
+        self._config = config
+        c = config
+        policy = self.dtype_policy
+        tied_output = c.tie_output_embedding
+
+        self.source_embedding = TokenEmbedding(
+            c.vocab_size, c.d_model,
+            use_output_bias=tied_output and c.share_embeddings,
+            dtype=policy,
+            name="shared_embedding" if c.share_embeddings else "source_embedding",
+        )
+        if c.share_embeddings:
+            self.target_embedding = self.source_embedding
+        else:
+            self.target_embedding = TokenEmbedding(
+                c.resolved_target_vocab_size, c.d_model, use_output_bias=tied_output,
+                dtype=policy, name="target_embedding",
+            )
+        self.output_projection = None
+        if not tied_output:
+            self.output_projection = keras.layers.Dense(
+                c.resolved_target_vocab_size, dtype=policy, name="output_projection"
+            )
+
+        if c.position_encoding == "learned":
+            self.source_position = LearnedPositionEmbedding(
+                c.max_length, dtype=policy, name="source_position_embedding"
+            )
+            self.target_position = LearnedPositionEmbedding(
+                c.max_length, dtype=policy, name="target_position_embedding"
+            )
+        else:
+            self.source_position = SinusoidalPositionEncoding(
+                dtype=policy, name="position_encoding"
+            )
+            self.target_position = self.source_position
+        self.embedding_dropout = keras.layers.Dropout(
+            c.dropout_rate, dtype=policy, name="embedding_dropout"
+        )
+
+        block_args = dict(
+            num_heads=c.num_heads,
+            d_ff=c.d_ff,
+            key_dim=c.resolved_key_dim,
+            value_dim=c.resolved_value_dim,
+            dropout_rate=c.dropout_rate,
+            attention_dropout_rate=c.attention_dropout_rate,
+            activation_dropout_rate=c.activation_dropout_rate,
+            norm_position=c.norm_position,
+            layer_norm_epsilon=c.layer_norm_epsilon,
+            dtype=policy,
+        )
+        self.encoder_blocks = [
+            EncoderBlock(**block_args, name=f"encoder_block_{i}")
+            for i in range(c.num_layers)
+        ]
+        self.decoder_blocks = [
+            DecoderBlock(**block_args, name=f"decoder_block_{i}")
+            for i in range(c.num_layers)
+        ]
+        # Pre-norm stacks end with a LayerNorm; post-norm blocks already end in one.
+        self.encoder_norm = self.decoder_norm = None
+        if c.norm_position == "pre":
+            self.encoder_norm = keras.layers.LayerNormalization(
+                epsilon=c.layer_norm_epsilon, dtype=policy, name="encoder_norm"
+            )
+            self.decoder_norm = keras.layers.LayerNormalization(
+                epsilon=c.layer_norm_epsilon, dtype=policy, name="decoder_norm"
+            )
+        self.build()
+
+    @property
+    def config(self):
+        """The model's `TransformerConfig`."""
+        return self._config
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        hidden = (None, None, self._config.d_model)
+        shapes = [
+            (self.source_embedding, ()),
+            (self.target_embedding, ()),
+            (self.output_projection, (hidden,)),
+            (self.source_position, (hidden,)),
+            (self.target_position, (hidden,)),
+            (self.encoder_norm, (hidden,)),
+            (self.decoder_norm, (hidden,)),
+            *[(block, (hidden,)) for block in self.encoder_blocks],
+            *[(block, (hidden, hidden)) for block in self.decoder_blocks],
+        ]
+        # Shared layers appear twice; build each once.
+        for layer, layer_shapes in shapes:
+            if layer is not None and not layer.built:
+                layer.build(*layer_shapes)
+        self.built = True
+
+    def padding_mask(self, token_ids):
+        """(batch, length) bool mask, True where `token_ids` is not padding."""
+        return ops.not_equal(token_ids, self._config.pad_id)
+
+    def encode(self, source_ids, return_attention_scores=False, training=None):
+        """Runs the encoder stack.
+
+        Args:
+            source_ids: (batch, S) int ids.
+            return_attention_scores: Whether to also return the list of each
+                block's (batch, num_heads, S, S) self-attention weights.
+            training: Whether dropout is active.
+
+        Returns:
+            `(encoder_outputs, source_padding_mask)`: (batch, S, d_model) and
+            (batch, S) bool; with `return_attention_scores`, the list of weights
+            is appended.
+        """
+        source_mask = self.padding_mask(source_ids)
+        x = self.source_embedding(source_ids)
+        x = self.embedding_dropout(x + self.source_position(x), training=training)
+        scores = []
+        for block in self.encoder_blocks:
+            x = block(
+                x, padding_mask=source_mask,
+                return_attention_scores=return_attention_scores, training=training,
+            )
+            if return_attention_scores:
+                x, block_scores = x
+                scores.append(block_scores)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        if return_attention_scores:
+            return x, source_mask, scores
+        return x, source_mask
+
+    def initial_cache(self, batch_size, max_length):
+        """A zero self-attention cache for incremental decoding.
+
+        Returns:
+            (batch_size, num_layers, 2, max_length, num_heads, key_dim) zeros in
+            the compute dtype.
+        """
+        c = self._config
+        if c.resolved_key_dim != c.resolved_value_dim:
+            raise ValueError(
+                "Cached decoding stores keys and values in one tensor and needs "
+                f"key_dim == value_dim, got {c.resolved_key_dim} and "
+                f"{c.resolved_value_dim}."
+            )
+        shape = (batch_size, c.num_layers, 2, max_length, c.num_heads, c.resolved_key_dim)
+        return ops.zeros(shape, dtype=self.compute_dtype)
+
+    def decode(
+        self,
+        target_ids,
+        encoder_outputs,
+        source_padding_mask=None,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        """Runs the decoder stack and the pre-softmax projection.
+
+        Args:
+            target_ids: (batch, T) int ids of the decoder input.
+            encoder_outputs: (batch, S, d_model) from `encode`.
+            source_padding_mask: (batch, S) bool from `encode`.
+            cache: None to decode the whole target at once (training), or the
+                cache from `initial_cache` / a previous step to decode `target_ids`
+                as the positions starting at `cache_update_index`.
+            cache_update_index: int scalar, the position of `target_ids[:, 0]`.
+            return_attention_scores: Whether to also return the list of each
+                block's {"self": ..., "cross": ...} attention weights.
+            training: Whether dropout is active.
+
+        Returns:
+            (batch, T, target_vocab_size) float32 logits; with a cache, the tuple
+            `(logits, updated_cache)`; with `return_attention_scores`, the list of
+            weights is appended.
+        """
+        if cache is not None and cache_update_index is None:
+            raise ValueError("decode() with a cache needs cache_update_index.")
+        start_index = 0 if cache_update_index is None else cache_update_index
+        x = self.target_embedding(target_ids)
+        x = x + self.target_position(x, start_index=start_index)
+        x = self.embedding_dropout(x, training=training)
+        target_mask = self.padding_mask(target_ids) if cache is None else None
+
+        new_caches, scores = [], []
+        for i, block in enumerate(self.decoder_blocks):
+            outputs = block(
+                x,
+                encoder_outputs,
+                decoder_padding_mask=target_mask,
+                encoder_padding_mask=source_padding_mask,
+                self_attention_cache=None if cache is None else cache[:, i],
+                cache_update_index=cache_update_index if cache is not None else None,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            if not isinstance(outputs, tuple):
+                outputs = (outputs,)
+            x, *extras = outputs
+            if cache is not None:
+                new_caches.append(extras.pop(0))
+            if return_attention_scores:
+                scores.append(extras.pop(0))
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+
+        if self.output_projection is None:
+            logits = self.target_embedding(x, reverse=True)
+        else:
+            logits = ops.cast(self.output_projection(x), "float32")
+
+        results = [logits]
+        if cache is not None:
+            results.append(ops.stack(new_caches, axis=1))
+        if return_attention_scores:
+            results.append(scores)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = _split_inputs(inputs)
+        encoder_outputs, source_mask = self.encode(source_ids, training=training)
+        return self.decode(target_ids, encoder_outputs, source_mask, training=training)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "config": self._config.to_dict(),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+
+
+def _split_inputs(inputs):
+    if isinstance(inputs, dict):
+        missing = {"source", "target"} - set(inputs)
+        if missing:
+            raise ValueError(
+                f"Transformer inputs are missing {sorted(missing)}: pass "
+                '{"source": (batch, S) ids, "target": (batch, T) ids}; '
+                f"got keys {sorted(inputs)}."
+            )
+        return inputs["source"], inputs["target"]
+    if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
+        return inputs
+    raise ValueError(
+        'Transformer expects {"source": (batch, S) ids, "target": (batch, T) ids}, '
+        f"got {type(inputs).__name__}."
+    )

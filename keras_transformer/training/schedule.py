@@ -1,0 +1,78 @@
+"""§5.3 Optimizer: Adam with the warmup / inverse-square-root learning rate.
+
+    lrate = d_model^-0.5 · min(step_num^-0.5, step_num · warmup_steps^-1.5)      (3)
+
+The rate rises linearly for the first `warmup_steps` steps and then decays with the
+inverse square root of the step number. Keras counts optimizer iterations from 0,
+the paper counts steps from 1, so iteration i uses step_num = i + 1.
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The learning-rate schedule of eq. (3) ("Noam" after its author).
+
+    Args:
+        d_model: Model width; the peak rate scales with d_model^-0.5.
+        warmup_steps: Steps of linear warmup (4000 in the paper).
+        scale: A constant factor on the whole schedule (1.0 in the paper).
+
+    Call arguments:
+        step: The optimizer's 0-based iteration count.
+
+    Returns:
+        The float32 learning rate at iteration `step`.
+
+    Example:
+
+    >>> schedule = NoamSchedule(d_model=512)
+    >>> round(float(schedule(3999)), 6)  # the peak, at step_num = warmup_steps
+    0.000699
+    """
+
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+        for name, value in (("d_model", d_model), ("warmup_steps", warmup_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive integer.")
+        if not scale > 0:
+            raise ValueError(f"scale={scale!r} must be positive.")
+        self.d_model = d_model
+        self.warmup_steps = warmup_steps
+        self.scale = scale
+
+    def __call__(self, step):
+        step_num = ops.cast(step, "float32") + 1.0
+        warmup = ops.cast(self.warmup_steps, "float32")
+        rate = ops.minimum(ops.rsqrt(step_num), step_num * warmup**-1.5)
+        return self.scale * self.d_model**-0.5 * rate
+
+    def get_config(self):
+        return {
+            "d_model": self.d_model,
+            "warmup_steps": self.warmup_steps,
+            "scale": self.scale,
+        }
+
+
+def paper_adam(d_model, warmup_steps=4000, scale=1.0, **kwargs):
+    """The paper's optimizer: Adam(β1=0.9, β2=0.98, ε=1e-9) on `NoamSchedule`.
+
+    Args:
+        d_model: Model width.
+        warmup_steps: Warmup steps of the schedule.
+        scale: Constant factor on the schedule.
+        **kwargs: More `keras.optimizers.Adam` arguments (e.g. `clipnorm`).
+
+    Returns:
+        A `keras.optimizers.Adam`.
+    """
+    return keras.optimizers.Adam(
+        learning_rate=NoamSchedule(d_model, warmup_steps, scale),
+        beta_1=0.9,
+        beta_2=0.98,
+        epsilon=1e-9,
+        **kwargs,
+    )

@@ -252,6 +252,9 @@ class MultiHeadAttention(keras.layers.Layer):
             return False
         if self.compute_dtype == "float16" and _fused_attention_fails_for_float16():
             return False
+        # JAX's kernel needs values as wide as keys (d_v == d_k).
+        if self._value_dim != self._key_dim and keras.backend.backend() == "jax":
+            return False
         return True
 
     def _compute_attention(self, query, key, value, mask, return_attention_scores, training):

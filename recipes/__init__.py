@@ -1,0 +1,1 @@
+"""Training scripts built on `model.fit`. Run one with `python -m recipes.NAME`."""

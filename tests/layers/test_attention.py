@@ -1,0 +1,214 @@
+"""Tests of §3.2 attention: eq. (1), multi-head attention, masks, the cache."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from helpers import run_layer_test, to_numpy
+from keras import ops
+
+from keras_transformer.layers import MultiHeadAttention
+from keras_transformer.layers import attention as attention_module
+
+RNG = np.random.default_rng(0)
+
+
+def numpy_attention(q, k, v, mask=None):
+    """Eq. (1) for one head: softmax(q kᵀ / √d_k) v, with mask True = attend."""
+    logits = q @ k.T / math.sqrt(q.shape[-1])
+    if mask is not None:
+        logits = np.where(mask, logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return weights @ v, weights
+
+
+def numpy_multi_head(layer, query, value, mask=None):
+    """§3.2.2 with the layer's weights: per-head eq. (1), concat, W^O."""
+    def project(dense, x):
+        kernel, bias = (to_numpy(w) for w in dense.weights)
+        return np.einsum("btd,dnh->btnh", x, kernel) + bias
+
+    q, k, v = (project(layer.query_dense, query), project(layer.key_dense, value),
+               project(layer.value_dense, value))
+    heads = np.zeros(q.shape[:3] + (v.shape[-1],))
+    weights = np.zeros((q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+    for b in range(q.shape[0]):
+        for n in range(q.shape[2]):
+            heads[b, :, n], weights[b, n] = numpy_attention(
+                q[b, :, n], k[b, :, n], v[b, :, n], None if mask is None else mask[b]
+            )
+    kernel, bias = (to_numpy(w) for w in layer.output_dense.weights)
+    return np.einsum("btnh,nhd->btd", heads, kernel) + bias, weights
+
+
+def random(*shape):
+    return RNG.normal(size=shape).astype("float32")
+
+
+@pytest.fixture
+def count_fused_calls(monkeypatch):
+    """Counts calls of keras.ops.dot_product_attention (the fused path)."""
+    calls = []
+    fused = keras.ops.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
+    return calls
+
+
+def test_layer_contract():
+    run_layer_test(
+        MultiHeadAttention,
+        dict(num_heads=2, key_dim=4),
+        {"query": random(2, 5, 8), "value": random(2, 6, 8)},
+        expected_output_shape=(2, 5, 8),
+    )
+
+
+def test_layer_contract_causal_self_attention_with_padding():
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    run_layer_test(
+        MultiHeadAttention,
+        dict(num_heads=2, key_dim=4, value_dim=3, output_dim=6),
+        {"query": random(2, 5, 8), "key_padding_mask": mask},
+        call_kwargs={"use_causal_mask": True},
+        expected_output_shape=(2, 5, 6),
+    )
+
+
+def test_matches_numpy_multi_head_attention():
+    layer = MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5)
+    query, value = random(2, 4, 6), random(2, 7, 6)
+    output, weights = layer(query, value, return_attention_scores=True)
+    expected_output, expected_weights = numpy_multi_head(layer, query, value)
+    np.testing.assert_allclose(to_numpy(output), expected_output, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=1e-6)
+
+
+def test_fused_path_matches_explicit_path_and_numpy(count_fused_calls):
+    layer = MultiHeadAttention(num_heads=4, key_dim=8)
+    query = random(3, 6, 16)
+    padding = np.array([[1] * 6, [1] * 4 + [0] * 2, [1] * 1 + [0] * 5], bool)
+    fused = layer(query, key_padding_mask=padding, use_causal_mask=True)
+    assert len(count_fused_calls) == 1
+    explicit, _ = layer(query, key_padding_mask=padding, use_causal_mask=True,
+                        return_attention_scores=True)
+    assert len(count_fused_calls) == 1, "asking for weights must take the explicit path"
+    np.testing.assert_allclose(to_numpy(fused), to_numpy(explicit), atol=1e-5)
+    mask = padding[:, None, :] & np.tril(np.ones((6, 6), bool))[None]
+    expected, _ = numpy_multi_head(layer, query, query, mask)
+    np.testing.assert_allclose(to_numpy(fused), expected, atol=1e-5)
+
+
+def test_attention_dropout_takes_explicit_path_only_in_training(count_fused_calls):
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, dropout_rate=0.5)
+    query = random(2, 5, 8)
+    layer(query, training=False)
+    assert len(count_fused_calls) == 1
+    first = layer(query, training=True)
+    assert len(count_fused_calls) == 1
+    second = layer(query, training=True)
+    assert not np.allclose(to_numpy(first), to_numpy(second))
+
+
+def test_padding_keys_get_zero_weight():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    query = random(2, 3, 8)
+    value = random(2, 5, 8)
+    padding = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]], bool)
+    _, weights = layer(query, value, key_padding_mask=padding, return_attention_scores=True)
+    weights = to_numpy(weights)
+    assert np.all(weights[0, :, :, 2:] == 0) and np.all(weights[1, :, :, 4:] == 0)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+    # Changing padded values changes nothing.
+    changed = value.copy()
+    changed[0, 2:] = 100.0
+    np.testing.assert_allclose(
+        to_numpy(layer(query, changed, key_padding_mask=padding)),
+        to_numpy(layer(query, value, key_padding_mask=padding)),
+        atol=1e-5,
+    )
+
+
+def test_causal_output_does_not_depend_on_later_positions():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = random(1, 6, 8)
+    changed = x.copy()
+    changed[:, 3:] = random(1, 3, 8)
+    a = to_numpy(layer(x, use_causal_mask=True))
+    b = to_numpy(layer(changed, use_causal_mask=True))
+    np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-6)
+    assert not np.allclose(a[:, 3:], b[:, 3:])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("return_attention_scores", [False, True])
+def test_all_padding_row_is_finite(dtype, return_attention_scores):
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, dtype=dtype)
+    x = random(2, 4, 8)
+    padding = np.array([[0, 0, 0, 0], [1, 1, 0, 0]], bool)
+    outputs = layer(x, key_padding_mask=padding, use_causal_mask=True,
+                    return_attention_scores=return_attention_scores)
+    for tensor in outputs if return_attention_scores else (outputs,):
+        assert np.all(np.isfinite(to_numpy(tensor)))
+
+
+def test_jit_compiled_call_matches_eager():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = random(2, 5, 8)
+    padding = np.array([[1, 1, 1, 0, 0], [1] * 5], bool)
+    model_inputs = {"x": keras.Input((5, 8), name="x"),
+                    "mask": keras.Input((5,), dtype="bool", name="mask")}
+    model = keras.Model(model_inputs, layer(model_inputs["x"], key_padding_mask=model_inputs["mask"],
+                                            use_causal_mask=True))
+    model.compile(jit_compile=keras.backend.backend() != "torch")
+    compiled = model.predict({"x": x, "mask": padding}, verbose=0)
+    eager = layer(x, key_padding_mask=padding, use_causal_mask=True)
+    np.testing.assert_allclose(compiled, to_numpy(eager), atol=1e-5)
+
+
+def test_cached_self_attention_matches_full_attention():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = random(2, 6, 8)
+    full = to_numpy(layer(x, use_causal_mask=True))
+    cache = ops.zeros((2, 2, 6, 2, 4))
+    steps = []
+    for index in range(6):
+        output, cache = layer(x[:, index : index + 1], use_causal_mask=True,
+                              cache=cache, cache_update_index=index)
+        steps.append(to_numpy(output))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_precomputed_cross_attention_cache_matches_direct_call():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    query, memory = random(2, 3, 8), random(2, 5, 8)
+    direct = to_numpy(layer(query, memory))
+    cache = ops.stack([layer.key_dense(memory), layer.value_dense(memory)], axis=1)
+    cached, _ = layer(query, cache=cache)
+    np.testing.assert_allclose(to_numpy(cached), direct, atol=1e-6)
+
+
+def test_float16_explicit_fallback_only_for_jax_on_cpu():
+    attention_module._fused_attention_fails_for_float16.cache_clear()
+    expected = keras.backend.backend() == "jax" and all(
+        d.lower().startswith("cpu") for d in keras.distribution.list_devices()
+    )
+    assert attention_module._fused_attention_fails_for_float16() == expected
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, dtype="float16")
+    assert layer._use_fused_attention(False, False) == (not expected)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_heads=0, key_dim=4), "num_heads=0"),
+    (dict(num_heads=2, key_dim=-1), "key_dim=-1"),
+    (dict(num_heads=2, key_dim=4, dropout_rate=1.0), "dropout_rate=1.0"),
+])
+def test_bad_arguments_raise(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(**kwargs)

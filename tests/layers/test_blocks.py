@@ -1,0 +1,137 @@
+"""Tests of §3.1 encoder and decoder blocks: residuals, LayerNorm, dropout, cache."""
+
+import numpy as np
+import pytest
+from helpers import run_layer_test, to_numpy
+from keras import ops
+
+from keras_transformer.layers import DecoderBlock, EncoderBlock
+
+RNG = np.random.default_rng(0)
+
+
+def random(*shape):
+    return RNG.normal(size=shape).astype("float32")
+
+
+def drop_everything(block, *names):
+    """Replaces the named Dropout layers by ones that drop every unit."""
+    for name in names:
+        getattr(block, name).call = lambda inputs, training=None: inputs * 0.0
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_encoder_block_contract(norm_position):
+    run_layer_test(
+        EncoderBlock, dict(num_heads=2, d_ff=16, norm_position=norm_position),
+        {"inputs": random(2, 5, 8), "padding_mask": np.array([[1] * 5, [1, 1, 1, 0, 0]], bool)},
+        expected_output_shape=(2, 5, 8),
+    )
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_decoder_block_contract(norm_position):
+    run_layer_test(
+        DecoderBlock, dict(num_heads=2, d_ff=16, norm_position=norm_position),
+        {"inputs": random(2, 4, 8), "encoder_outputs": random(2, 6, 8),
+         "encoder_padding_mask": np.array([[1] * 6, [1, 1, 0, 0, 0, 0]], bool)},
+        expected_output_shape=(2, 4, 8),
+    )
+
+
+def test_post_norm_output_is_layer_normalized():
+    """The paper's LayerNorm(x + Sublayer(x)): every position has mean 0, variance 1."""
+    out = to_numpy(EncoderBlock(num_heads=2, d_ff=16)(random(2, 5, 8) * 5 + 3))
+    np.testing.assert_allclose(out.mean(-1), 0, atol=1e-4)
+    np.testing.assert_allclose(out.var(-1), 1, atol=1e-3)
+
+
+def test_pre_norm_output_is_not_normalized():
+    out = to_numpy(EncoderBlock(num_heads=2, d_ff=16, norm_position="pre")(random(2, 5, 8) * 5 + 3))
+    assert abs(out.mean()) > 1
+
+
+def test_sublayer_dropout_is_applied_before_the_residual_add():
+    """Dropping a whole sublayer output leaves only the residual path (§5.4)."""
+    x = random(2, 5, 8)
+    pre = EncoderBlock(num_heads=2, d_ff=16, norm_position="pre", dropout_rate=0.1)
+    pre(x)
+    drop_everything(pre, "self_attention_dropout", "feed_forward_dropout")
+    np.testing.assert_allclose(to_numpy(pre(x, training=True)), x, atol=1e-6)
+
+    post = EncoderBlock(num_heads=2, d_ff=16, dropout_rate=0.1)
+    post(x)
+    drop_everything(post, "self_attention_dropout", "feed_forward_dropout")
+    expected = post.feed_forward_norm(post.self_attention_norm(x))
+    np.testing.assert_allclose(to_numpy(post(x, training=True)), to_numpy(expected), atol=1e-5)
+
+
+def test_decoder_sublayer_dropouts_cover_all_three_sublayers():
+    x, memory = random(2, 3, 8), random(2, 4, 8)
+    block = DecoderBlock(num_heads=2, d_ff=16, norm_position="pre", dropout_rate=0.1)
+    block(x, memory)
+    drop_everything(block, "self_attention_dropout", "cross_attention_dropout",
+                    "feed_forward_dropout")
+    np.testing.assert_allclose(to_numpy(block(x, memory, training=True)), x, atol=1e-6)
+
+
+def test_dropout_is_active_only_in_training():
+    block = EncoderBlock(num_heads=2, d_ff=16, dropout_rate=0.3)
+    x = random(2, 5, 8)
+    np.testing.assert_allclose(to_numpy(block(x)), to_numpy(block(x, training=False)))
+    assert not np.allclose(to_numpy(block(x, training=True)), to_numpy(block(x, training=True)))
+
+
+def test_encoder_block_returns_attention_weights():
+    block = EncoderBlock(num_heads=2, d_ff=16)
+    out, weights = block(random(1, 5, 8), return_attention_scores=True)
+    assert tuple(weights.shape) == (1, 2, 5, 5)
+    np.testing.assert_allclose(to_numpy(weights).sum(-1), 1, atol=1e-5)
+
+
+def test_decoder_self_attention_is_causal():
+    block = DecoderBlock(num_heads=2, d_ff=16)
+    x, memory = random(1, 5, 8), random(1, 4, 8)
+    changed = x.copy()
+    changed[:, 2:] = random(1, 3, 8)
+    np.testing.assert_allclose(
+        to_numpy(block(x, memory))[:, :2], to_numpy(block(changed, memory))[:, :2], atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_cached_decoding_matches_full(norm_position):
+    block = DecoderBlock(num_heads=2, d_ff=16, norm_position=norm_position)
+    x, memory = random(2, 5, 8), random(2, 3, 8)
+    full = to_numpy(block(x, memory))
+    cache = ops.zeros((2, 2, 5, 2, 4))
+    steps = []
+    for index in range(5):
+        out, cache = block(x[:, index : index + 1], memory,
+                           self_attention_cache=cache, cache_update_index=index)
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_decoder_returns_self_and_cross_attention_weights():
+    block = DecoderBlock(num_heads=2, d_ff=16)
+    _, weights = block(random(1, 3, 8), random(1, 4, 8), return_attention_scores=True)
+    assert tuple(weights["self"].shape) == (1, 2, 3, 3)
+    assert tuple(weights["cross"].shape) == (1, 2, 3, 4)
+    assert np.all(np.triu(to_numpy(weights["self"])[0, 0], k=1) == 0)
+
+
+def test_cache_without_index_is_an_error():
+    block = DecoderBlock(num_heads=2, d_ff=16)
+    with pytest.raises(ValueError, match="cache_update_index"):
+        block(random(1, 1, 8), random(1, 2, 8), self_attention_cache=ops.zeros((1, 2, 3, 2, 4)))
+
+
+def test_indivisible_d_model_names_the_values():
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=4"):
+        EncoderBlock(num_heads=4, d_ff=16)(random(1, 2, 10))
+
+
+def test_bad_norm_position_is_an_error():
+    with pytest.raises(ValueError, match="norm_position='middle'"):
+        EncoderBlock(num_heads=2, d_ff=16, norm_position="middle")

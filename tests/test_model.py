@@ -1,0 +1,250 @@
+"""Tests of the §3.1 Transformer model: shapes, masking, sizes, saving."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from helpers import to_numpy
+from keras import ops
+
+from keras_transformer import Transformer, TransformerConfig
+from keras_transformer.layers import sinusoidal_position_encoding
+
+BACKENDS = ("tensorflow", "jax", "torch")
+RNG = np.random.default_rng(0)
+
+
+def tiny_model(**overrides):
+    return Transformer(TransformerConfig.tiny(vocab_size=20, **overrides))
+
+
+def batch(batch_size=2, source_length=6, target_length=5, vocab_size=20):
+    source = RNG.integers(3, vocab_size, size=(batch_size, source_length)).astype("int32")
+    target = RNG.integers(3, vocab_size, size=(batch_size, target_length)).astype("int32")
+    source[1, 4:] = 0
+    target[1, 3:] = 0
+    return {"source": source, "target": target}
+
+
+def logits_of(model, inputs):
+    return to_numpy(model(inputs, training=False))
+
+
+def test_returns_float32_logits_over_the_target_vocabulary():
+    model = tiny_model()
+    logits = model(batch())
+    assert tuple(logits.shape) == (2, 5, 20)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_logits_are_float32_under_mixed_precision(policy):
+    keras.config.set_dtype_policy(policy)
+    model = tiny_model()
+    assert model.compute_dtype != "float32"
+    logits = model(batch())
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in model.weights)
+
+
+def test_appending_source_padding_changes_nothing():
+    model = tiny_model()
+    inputs = batch()
+    padded = dict(inputs, source=np.pad(inputs["source"], ((0, 0), (0, 4))))
+    np.testing.assert_allclose(logits_of(model, padded), logits_of(model, inputs), atol=1e-5)
+
+
+def test_appending_target_padding_changes_nothing():
+    model = tiny_model()
+    inputs = batch()
+    padded = dict(inputs, target=np.pad(inputs["target"], ((0, 0), (0, 3))))
+    np.testing.assert_allclose(logits_of(model, padded)[:, :5], logits_of(model, inputs), atol=1e-5)
+
+
+def test_logits_at_t_do_not_depend_on_later_target_tokens():
+    model = tiny_model()
+    inputs = batch()
+    reference = logits_of(model, inputs)
+    for t in range(4):
+        changed = inputs["target"].copy()
+        changed[:, t + 1 :] = RNG.integers(3, 20, size=changed[:, t + 1 :].shape)
+        np.testing.assert_allclose(
+            logits_of(model, dict(inputs, target=changed))[:, : t + 1],
+            reference[:, : t + 1], atol=1e-5,
+        )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_all_padding_rows_are_finite(dtype):
+    model = Transformer(TransformerConfig.tiny(vocab_size=20), dtype=dtype)
+    inputs = batch()
+    inputs["source"][0] = 0
+    inputs["target"][0] = 0
+    assert np.all(np.isfinite(logits_of(model, inputs)))
+
+
+def test_embedding_dropout_sees_scaled_embedding_plus_positions():
+    model = tiny_model(dropout_rate=0.1)
+    seen = []
+    original = model.embedding_dropout.call
+
+    def spy(inputs, training=None):
+        seen.append(to_numpy(inputs))
+        return original(inputs, training=training)
+
+    model.embedding_dropout.call = spy
+    inputs = batch()
+    model.encode(inputs["source"], training=True)
+    embedded = to_numpy(model.source_embedding.embeddings)[inputs["source"]] * np.sqrt(32)
+    expected = embedded + to_numpy(sinusoidal_position_encoding(6, 32))
+    np.testing.assert_allclose(seen[0], expected, atol=1e-5)
+
+
+def test_dropout_only_in_training():
+    model = tiny_model(dropout_rate=0.2)
+    inputs = batch()
+    np.testing.assert_allclose(logits_of(model, inputs), logits_of(model, inputs))
+    assert not np.allclose(to_numpy(model(inputs, training=True)),
+                           to_numpy(model(inputs, training=True)))
+
+
+def test_embeddings_are_shared_by_default():
+    model = tiny_model()
+    assert model.source_embedding is model.target_embedding
+    assert model.output_projection is None
+    names = [w.path for w in model.weights if "embedding" in w.path]
+    assert len([n for n in names if n.endswith("embeddings")]) == 1
+
+
+def test_separate_vocabularies_and_untied_output():
+    model = Transformer(TransformerConfig.tiny(
+        vocab_size=20, target_vocab_size=13, share_embeddings=False, tie_output_embedding=False
+    ))
+    assert model.source_embedding is not model.target_embedding
+    logits = model({"source": np.ones((2, 4), "int32"), "target": np.ones((2, 3), "int32")})
+    assert tuple(logits.shape) == (2, 3, 13)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+
+
+def test_pre_norm_stacks_end_with_layer_norm():
+    model = tiny_model(norm_position="pre")
+    assert model.encoder_norm is not None and model.decoder_norm is not None
+    assert all(block.norm_position == "pre" for block in model.encoder_blocks)
+    encoded, _ = model.encode(batch()["source"])
+    np.testing.assert_allclose(to_numpy(encoded).mean(-1), 0, atol=1e-4)
+    assert tiny_model().encoder_norm is None
+
+
+def test_learned_positions():
+    model = tiny_model(position_encoding="learned", max_length=8)
+    assert tuple(model.source_position.position_embeddings.shape) == (8, 32)
+    assert np.all(np.isfinite(logits_of(model, batch())))
+    with pytest.raises(ValueError, match="max_length=8"):
+        model({"source": np.ones((1, 9), "int32"), "target": np.ones((1, 2), "int32")})
+
+
+def test_encode_then_decode_equals_call():
+    model = tiny_model()
+    inputs = batch()
+    encoded, source_mask = model.encode(inputs["source"])
+    decoded = model.decode(inputs["target"], encoded, source_mask)
+    np.testing.assert_allclose(to_numpy(decoded), logits_of(model, inputs), atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_cached_decoding_matches_full(norm_position):
+    model = tiny_model(norm_position=norm_position)
+    inputs = batch()
+    inputs["target"][1, 3:] = 7  # decoding never pads the target
+    full = logits_of(model, inputs)
+    encoded, source_mask = model.encode(inputs["source"])
+    cache = model.initial_cache(batch_size=2, max_length=5)
+    steps = []
+    for index in range(5):
+        logits, cache = model.decode(inputs["target"][:, index : index + 1], encoded,
+                                     source_mask, cache=cache, cache_update_index=index)
+        steps.append(to_numpy(logits))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+def test_decode_returns_attention_weights_per_block():
+    model = tiny_model()
+    inputs = batch()
+    encoded, mask, encoder_weights = model.encode(inputs["source"], return_attention_scores=True)
+    _, decoder_weights = model.decode(inputs["target"], encoded, mask, return_attention_scores=True)
+    assert len(encoder_weights) == len(decoder_weights) == 2
+    assert tuple(decoder_weights[0]["cross"].shape) == (2, 4, 5, 6)
+    assert np.all(to_numpy(decoder_weights[0]["cross"])[1, :, :, 4:] == 0)
+
+
+def test_parameter_count_of_base_is_65m():
+    model = Transformer(TransformerConfig.base(vocab_size=37000))
+    assert abs(model.count_params() / 65e6 - 1) <= 0.03, model.count_params()
+
+
+def test_parameter_count_of_big_is_213m():
+    model = Transformer(TransformerConfig.big(vocab_size=37000))
+    assert abs(model.count_params() / 213e6 - 1) <= 0.03, model.count_params()
+
+
+def test_bad_inputs_are_explained():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"missing \['target'\]"):
+        model({"source": np.ones((1, 3), "int32")})
+    with pytest.raises(TypeError, match="TransformerConfig"):
+        Transformer(42)
+
+
+def test_save_and_load_give_identical_logits(tmp_path):
+    model = tiny_model()
+    model.compile(optimizer="adam")
+    inputs = batch()
+    path = tmp_path / "model.keras"
+    model.save(path)
+    revived = keras.saving.load_model(path)
+    assert isinstance(revived, Transformer)
+    assert revived.config == model.config
+    np.testing.assert_array_equal(logits_of(revived, inputs), logits_of(model, inputs))
+
+
+def test_config_round_trip():
+    model = tiny_model(norm_position="pre")
+    revived = Transformer.from_config(model.get_config())
+    assert revived.config == model.config
+    assert revived.get_config() == model.get_config()
+
+
+LOAD_SCRIPT = """
+import sys, numpy as np, keras
+import keras_transformer
+model = keras.saving.load_model(sys.argv[1])
+data = np.load(sys.argv[2])
+logits = model({"source": data["source"], "target": data["target"]}, training=False)
+np.save(sys.argv[3], keras.ops.convert_to_numpy(logits))
+"""
+
+
+def test_saved_file_loads_under_the_other_backends(tmp_path):
+    model = tiny_model(norm_position="pre", position_encoding="learned")
+    inputs = batch()
+    model_path = tmp_path / "model.keras"
+    data_path = tmp_path / "inputs.npz"
+    model.save(model_path)
+    np.savez(data_path, **inputs)
+    expected = logits_of(model, inputs)
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for backend in BACKENDS:
+        if backend == keras.backend.backend():
+            continue
+        out_path = tmp_path / f"logits_{backend}.npy"
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+                   PYTHONPATH=repository + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        result = subprocess.run(
+            [sys.executable, "-c", LOAD_SCRIPT, str(model_path), str(data_path), str(out_path)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        np.testing.assert_allclose(np.load(out_path), expected, atol=1e-5, err_msg=backend)

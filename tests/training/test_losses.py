@@ -1,0 +1,98 @@
+"""Tests of §5.4 label smoothing and the masked token accuracy."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
+
+RNG = np.random.default_rng(0)
+
+
+def numpy_smoothed_loss(labels, logits, eps, pad_id=0):
+    """Mean over non-padding tokens of -Σ q'(k) log p(k), q' = (1-ε)δ + ε/K."""
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    vocab = logits.shape[-1]
+    target = np.full(logits.shape, eps / vocab)
+    target += (1 - eps) * np.eye(vocab)[labels]
+    per_token = -(target * log_probs).sum(-1)
+    mask = labels != pad_id
+    return (per_token * mask).sum() / mask.sum()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_matches_numpy_definition(eps):
+    labels = np.array([[3, 1, 4, 0, 0], [2, 2, 0, 0, 0]])
+    logits = RNG.normal(size=(2, 5, 6)).astype("float32") * 3
+    loss = LabelSmoothedCrossEntropy(label_smoothing=eps)(labels, logits)
+    np.testing.assert_allclose(float(ops.convert_to_numpy(loss)),
+                               numpy_smoothed_loss(labels, logits, eps), rtol=1e-5)
+
+
+def test_zero_smoothing_equals_sparse_categorical_crossentropy_on_real_tokens():
+    labels = np.array([[3, 1, 4, 1]])
+    logits = RNG.normal(size=(1, 4, 6)).astype("float32")
+    ours = LabelSmoothedCrossEntropy(label_smoothing=0.0)(labels, logits)
+    keras_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
+    np.testing.assert_allclose(ops.convert_to_numpy(ours), ops.convert_to_numpy(keras_loss), rtol=1e-5)
+
+
+def test_padding_positions_are_ignored():
+    labels = np.array([[3, 1, 0, 0]])
+    logits = RNG.normal(size=(1, 4, 6)).astype("float32")
+    changed = logits.copy()
+    changed[:, 2:] = 1000.0
+    loss = LabelSmoothedCrossEntropy(0.1)
+    np.testing.assert_allclose(ops.convert_to_numpy(loss(labels, logits)),
+                               ops.convert_to_numpy(loss(labels, changed)), rtol=1e-6)
+
+
+def test_all_padding_batch_gives_zero_not_nan():
+    loss = LabelSmoothedCrossEntropy(0.1)(np.zeros((2, 3), "int32"), np.zeros((2, 3, 5), "float32"))
+    assert float(ops.convert_to_numpy(loss)) == 0.0
+
+
+def test_sample_weight_per_sequence():
+    labels = np.array([[3, 1, 0], [2, 2, 2]])
+    logits = RNG.normal(size=(2, 3, 6)).astype("float32")
+    loss = LabelSmoothedCrossEntropy(0.0)
+    weighted = loss(labels, logits, sample_weight=np.array([1.0, 0.0]))
+    only_first = numpy_smoothed_loss(labels[:1], logits[:1], 0.0) * 2 / 5
+    np.testing.assert_allclose(float(ops.convert_to_numpy(weighted)), only_first, rtol=1e-5)
+
+
+def test_loss_is_float32_for_low_precision_logits():
+    logits = ops.cast(RNG.normal(size=(1, 3, 6)), "bfloat16")
+    loss = LabelSmoothedCrossEntropy()(np.array([[1, 2, 3]]), logits)
+    assert keras.backend.standardize_dtype(loss.dtype) == "float32"
+
+
+def test_loss_config_round_trip():
+    loss = LabelSmoothedCrossEntropy(label_smoothing=0.2, pad_id=3)
+    revived = keras.losses.deserialize(keras.losses.serialize(loss))
+    assert isinstance(revived, LabelSmoothedCrossEntropy)
+    assert revived.get_config() == loss.get_config()
+
+
+def test_bad_label_smoothing_raises():
+    with pytest.raises(ValueError, match="label_smoothing=1.0"):
+        LabelSmoothedCrossEntropy(label_smoothing=1.0)
+
+
+def test_masked_token_accuracy_ignores_padding():
+    labels = np.array([[1, 2, 0], [3, 0, 0]])
+    logits = np.zeros((2, 3, 4), "float32")
+    logits[0, 0, 1] = logits[0, 1, 3] = logits[1, 0, 3] = 1.0
+    logits[0, 2, 2] = logits[1, 1:, 1] = 1.0  # wrong at padding: must not count
+    metric = MaskedTokenAccuracy()
+    metric.update_state(labels, logits)
+    np.testing.assert_allclose(float(ops.convert_to_numpy(metric.result())), 2 / 3, rtol=1e-6)
+
+
+def test_masked_token_accuracy_config_round_trip():
+    metric = MaskedTokenAccuracy(pad_id=5, name="acc")
+    revived = keras.metrics.deserialize(keras.metrics.serialize(metric))
+    assert isinstance(revived, MaskedTokenAccuracy)
+    assert revived.get_config() == metric.get_config()

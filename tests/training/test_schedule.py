@@ -1,0 +1,54 @@
+"""Tests of §5.3: the learning-rate schedule of eq. (3) and the paper's Adam."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer import NoamSchedule, paper_adam
+
+
+def paper_rate(step_num, d_model=512, warmup=4000):
+    return d_model**-0.5 * min(step_num**-0.5, step_num * warmup**-1.5)
+
+
+@pytest.mark.parametrize("iteration", [0, 1, 99, 3998, 3999, 4000, 10000, 99999])
+def test_matches_equation_3_with_one_based_steps(iteration):
+    schedule = NoamSchedule(d_model=512, warmup_steps=4000)
+    np.testing.assert_allclose(
+        float(ops.convert_to_numpy(schedule(iteration))), paper_rate(iteration + 1), rtol=1e-5
+    )
+
+
+def test_peaks_at_warmup_and_scales():
+    schedule = NoamSchedule(d_model=256, warmup_steps=100, scale=2.0)
+    rates = np.array([float(ops.convert_to_numpy(schedule(i))) for i in range(300)])
+    assert rates.argmax() == 99
+    np.testing.assert_allclose(rates.max(), 2.0 * 256**-0.5 * 100**-0.5, rtol=1e-5)
+    assert np.all(np.diff(rates[:100]) > 0) and np.all(np.diff(rates[100:]) < 0)
+
+
+def test_serialization_round_trip():
+    schedule = NoamSchedule(d_model=64, warmup_steps=10, scale=0.5)
+    revived = keras.optimizers.schedules.deserialize(
+        keras.optimizers.schedules.serialize(schedule)
+    )
+    assert isinstance(revived, NoamSchedule)
+    assert revived.get_config() == schedule.get_config()
+
+
+def test_paper_adam_hyperparameters():
+    optimizer = paper_adam(d_model=512, warmup_steps=4000, clipnorm=1.0)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    assert isinstance(optimizer._learning_rate, NoamSchedule)
+    assert optimizer.clipnorm == 1.0
+    revived = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert isinstance(revived._learning_rate, NoamSchedule)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(d_model=0), dict(d_model=512, warmup_steps=0), dict(d_model=512, scale=0)
+])
+def test_bad_arguments_raise(kwargs):
+    with pytest.raises(ValueError):
+        NoamSchedule(**kwargs)

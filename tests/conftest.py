@@ -14,8 +14,9 @@ def _fresh_keras_state():
     keras.utils.set_random_seed(1234)
     keras.config.set_dtype_policy("float32")
     yield
+    # No keras.backend.clear_session() here: under TensorFlow it frees the
+    # resources of tf-text ops that module-scoped tokenizer fixtures still use.
     keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
 
 
 def pytest_report_header(config):

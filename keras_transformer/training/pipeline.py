@@ -1,0 +1,189 @@
+"""§5.1 Training Data and Batching: the tf.data pipeline that feeds `model.fit`.
+
+"Sentence pairs were batched together by approximate sequence length. Each
+training batch contained a set of sentence pairs containing approximately 25000
+source tokens and 25000 target tokens." (§5.1)
+
+`make_dataset` tokenizes, adds the begin/end tokens, drops or truncates
+over-long pairs (and counts them), buckets pairs by length into batches of at
+most `tokens_per_batch` source and target tokens (padding included), shifts the
+decoder input right, and prefetches. Each bucket pads to a fixed length, so a
+compiled train step sees a handful of shapes, not one per batch. The dataset
+works with `model.fit` on every Keras backend.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from keras_transformer.training.tokenizers import BOS_ID, EOS_ID, PAD_ID
+
+OVERLONG_POLICIES = ("drop", "truncate")
+
+
+@dataclasses.dataclass
+class PipelineStats:
+    """What the pipeline did with the pairs it was given."""
+
+    pairs: int = 0
+    kept: int = 0
+    dropped_overlong: int = 0
+    truncated: int = 0
+    dropped_empty: int = 0
+    source_tokens: int = 0
+    target_tokens: int = 0
+
+    def summary(self):
+        return (
+            f"{self.kept}/{self.pairs} pairs kept ({self.source_tokens} source and "
+            f"{self.target_tokens} target tokens); over-long: {self.dropped_overlong} "
+            f"dropped, {self.truncated} truncated; {self.dropped_empty} empty dropped"
+        )
+
+
+def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
+                 max_length=128, overlong="drop"):
+    """Tokenizes pairs and applies the length policy.
+
+    The source becomes `ids + [EOS]`; the target `[BOS] + ids + [EOS]`, from
+    which the decoder input (all but the last) and the labels (all but the
+    first) are cut. Both must fit in `max_length` tokens.
+
+    Returns:
+        (source_sequences, target_sequences, PipelineStats): lists of int lists,
+        the targets still holding both BOS and EOS.
+    """
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"overlong={overlong!r} must be one of {OVERLONG_POLICIES}.")
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length={max_length!r} must be an integer >= 2.")
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"Got {len(sources)} sources but {len(targets)} targets: pairs must align."
+        )
+    target_tokenizer = target_tokenizer or source_tokenizer
+    stats = PipelineStats(pairs=len(sources))
+    source_ids = source_tokenizer.tokenize(list(sources))
+    target_ids = target_tokenizer.tokenize(list(targets))
+    encoded_sources, encoded_targets = [], []
+    for source, target in zip(source_ids, target_ids):
+        if not source or not target:
+            stats.dropped_empty += 1
+            continue
+        # max_length counts the source with EOS and the decoder input / labels,
+        # which are one shorter than [BOS] + target + [EOS].
+        too_long = len(source) + 1 > max_length or len(target) + 1 > max_length
+        if too_long and overlong == "drop":
+            stats.dropped_overlong += 1
+            continue
+        if too_long:
+            stats.truncated += 1
+            source, target = source[: max_length - 1], target[: max_length - 1]
+        encoded_sources.append(source + [EOS_ID])
+        encoded_targets.append([BOS_ID] + target + [EOS_ID])
+        stats.source_tokens += len(source) + 1
+        stats.target_tokens += len(target) + 1
+    stats.kept = len(encoded_sources)
+    return encoded_sources, encoded_targets, stats
+
+
+def bucket_plan(max_length, tokens_per_batch, bucket_width=8):
+    """Bucket boundaries and batch sizes for a token budget.
+
+    A pair whose longer side has n tokens goes to the first bucket whose padded
+    length L (a multiple of `bucket_width`, at most `max_length`) is >= n; that
+    bucket's batches hold `tokens_per_batch // L` pairs, so every batch has at
+    most `tokens_per_batch` source and at most as many target tokens.
+
+    Returns:
+        (boundaries, batch_sizes, padded_lengths) for
+        `tf.data.Dataset.bucket_by_sequence_length`.
+    """
+    if tokens_per_batch < max_length:
+        raise ValueError(
+            f"tokens_per_batch={tokens_per_batch} is below max_length={max_length}: "
+            "a batch could not hold even one pair; raise tokens_per_batch or lower max_length."
+        )
+    lengths = list(range(bucket_width, max_length, bucket_width)) + [max_length]
+    boundaries = [length + 1 for length in lengths]
+    batch_sizes = [max(1, tokens_per_batch // length) for length in lengths] + [1]
+    return boundaries, batch_sizes, lengths
+
+
+def make_dataset(
+    sources,
+    targets,
+    source_tokenizer,
+    target_tokenizer=None,
+    max_length=128,
+    tokens_per_batch=4096,
+    overlong="drop",
+    shuffle=True,
+    repeat=False,
+    seed=0,
+    bucket_width=8,
+    verbose=True,
+):
+    """A `tf.data.Dataset` of `({"source", "target"}, labels)` batches.
+
+    Args:
+        sources, targets: Aligned lists of sentences.
+        source_tokenizer, target_tokenizer: `SubwordTokenizer`s (one shared
+            tokenizer when `target_tokenizer` is None).
+        max_length: Longest source / decoder sequence in tokens.
+        tokens_per_batch: Token budget per batch, per side (padding included).
+        overlong: "drop" or "truncate" pairs longer than `max_length`.
+        shuffle: Whether to shuffle pairs (each pass differently).
+        repeat: Whether to repeat forever (for step-based training).
+        seed: Shuffle seed.
+        bucket_width: Length granularity of the buckets.
+        verbose: Whether to print the pipeline statistics.
+
+    Returns:
+        (dataset, PipelineStats). Batches hold int32 tensors: source (B, L),
+        target (B, L) = [BOS] y_1 ... y_n, labels (B, L) = y_1 ... y_n [EOS],
+        with 0 as padding and L the bucket length.
+    """
+    import tensorflow as tf
+
+    encoded_sources, encoded_targets, stats = encode_pairs(
+        sources, targets, source_tokenizer, target_tokenizer, max_length, overlong
+    )
+    if verbose:
+        print(f"Data: {stats.summary()}")
+    if not encoded_sources:
+        raise ValueError(
+            f"No pair is left after tokenization ({stats.summary()}): check the data "
+            "and max_length."
+        )
+    boundaries, batch_sizes, _ = bucket_plan(max_length, tokens_per_batch, bucket_width)
+    decoder_inputs = [t[:-1] for t in encoded_targets]
+    labels = [t[1:] for t in encoded_targets]
+    dataset = tf.data.Dataset.from_tensor_slices((
+        tf.ragged.constant(encoded_sources, dtype=tf.int32),
+        tf.ragged.constant(decoder_inputs, dtype=tf.int32),
+        tf.ragged.constant(labels, dtype=tf.int32),
+    ))
+    if shuffle:
+        dataset = dataset.shuffle(len(encoded_sources), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
+    # Rows of a ragged tensor arrive as ragged specs of rank 0; make them dense.
+    dataset = dataset.map(lambda s, t, y: (tf.identity(s), tf.identity(t), tf.identity(y)))
+    dataset = dataset.bucket_by_sequence_length(
+        element_length_func=lambda s, t, y: tf.maximum(tf.shape(s)[0], tf.shape(t)[0]),
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=batch_sizes,
+        padding_values=(PAD_ID, PAD_ID, PAD_ID),
+        pad_to_bucket_boundary=True,
+    )
+    dataset = dataset.map(
+        lambda s, t, y: ({"source": s, "target": t}, y),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE), stats
+
+
+def count_batches(dataset):
+    """Number of batches in one pass of a finite dataset."""
+    return int(dataset.reduce(np.int64(0), lambda count, _: count + 1).numpy())

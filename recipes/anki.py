@@ -1,0 +1,49 @@
+"""Tatoeba/Anki sentence pairs (English-Spanish by default).
+
+The file lists one English sentence with several translations, so the pairs
+are split into train / validation / test by English sentence: no English
+sentence appears in two splits.
+
+    python -m recipes.anki [--data ../shared/data/anki/spa-eng/spa.txt.gz] [--direction en-es]
+"""
+
+from keras_transformer.training.data import load_tatoeba
+from recipes import common
+
+DEFAULTS = dict(preset="small", vocab_size=8000, max_length=48, tokens_per_batch=4096,
+                epochs=5.0, checkpoint_every=1000, warmup_steps=1000)
+
+
+def main(argv=None):
+    parser = common.build_parser(
+        "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS
+    )
+    parser.add_argument("--data", default="../shared/data/anki/spa-eng/spa.txt.gz",
+                        help="tab-separated 'English<TAB>translation' file, optionally gzipped")
+    parser.add_argument("--language", default="es",
+                        help="code of the file's second language (es for spa-eng, fr for fra-eng)")
+    parser.add_argument("--direction", default=None,
+                        help="en-XX or XX-en with XX = --language (default: en-XX)")
+    parser.add_argument("--validation-fraction", type=float, default=0.05,
+                        help="share of English sentences held out for validation")
+    parser.add_argument("--test-fraction", type=float, default=0.05,
+                        help="share of English sentences held out for testing")
+    parser.add_argument("--train-limit", type=int,
+                        help="use only the first N training pairs (smoke runs)")
+    args = parser.parse_args(argv)
+    common.check_args(parser, args)
+    direction = args.direction or f"en-{args.language}"
+    splits = load_tatoeba(args.data, direction, languages=("en", args.language),
+                          validation_fraction=args.validation_fraction,
+                          test_fraction=args.test_fraction, seed=args.seed)
+    if args.train_limit:
+        train = splits["train"]
+        splits["train"] = train._replace(sources=train.sources[: args.train_limit],
+                                         targets=train.targets[: args.train_limit])
+    if args.run_dir == "runs/anki":
+        args.run_dir = f"runs/anki-{direction}"
+    return common.run(args, splits, f"anki-{direction}")
+
+
+if __name__ == "__main__":
+    common.main_guard(main)

@@ -1,0 +1,259 @@
+"""What every recipe shares: command-line options and the training run.
+
+A recipe supplies its corpus and its defaults; `run` does the rest:
+
+1. learn a subword vocabulary on the training split (or reuse the run's),
+2. build the tf.data pipeline (token-budget buckets),
+3. build and compile the model (Noam schedule, label smoothing),
+4. `model.fit` for the requested steps with checkpoints, BackupAndRestore,
+   TensorBoard and CSV logs (see keras_transformer/training/fit.py),
+5. save `model.keras` with `tokenizer/` beside it, average the last
+   checkpoints (§6.1), and evaluate on the test split with beam search.
+
+Run it again with the same command after a crash: it resumes.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+PRESETS = ("tiny", "small", "base", "big")
+
+
+def build_parser(name, description, defaults):
+    """The options every recipe takes; `defaults` maps option dest → default."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m recipes.{name}", description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run = parser.add_argument_group("run")
+    run.add_argument("--run-dir", default=f"runs/{name}",
+                     help="folder for checkpoints, logs, the tokenizer and the final model; "
+                          "running the same command again resumes from it")
+    run.add_argument("--precision", choices=PRECISIONS, default="float32",
+                     help="Keras dtype policy for training (mixed_* keep float32 variables)")
+    run.add_argument("--seed", type=int, default=0, help="random seed")
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                     help="model.fit verbosity: 0 silent, 1 progress bar, 2 one line per window")
+
+    length = run.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps in all (the paper counts steps)")
+    length.add_argument("--epochs", type=float,
+                        help="passes over the training data, converted to steps")
+    run.add_argument("--checkpoint-every", type=int, default=500,
+                     help="steps between checkpoints and BackupAndRestore backups")
+    run.add_argument("--keep-checkpoints", type=int, default=5,
+                     help="newest checkpoints kept and averaged at the end (§6.1: 5 base, 20 big)")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--tokenizer", choices=("sentencepiece", "wordpiece"),
+                      default="sentencepiece", help="subword algorithm (SentencePiece = BPE)")
+    data.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
+    data.add_argument("--separate-vocabularies", action="store_true",
+                      help="learn one vocabulary per language instead of a shared one")
+    data.add_argument("--max-length", type=int, default=128,
+                      help="longest source / target in tokens; longer pairs are dropped")
+    data.add_argument("--tokens-per-batch", type=int, default=4096,
+                      help="token budget per batch and side, padding included (paper: ~25000)")
+
+    model = parser.add_argument_group("model (TransformerConfig; unset options keep the preset)")
+    model.add_argument("--preset", choices=PRESETS, default="small",
+                       help="TransformerConfig preset")
+    model.add_argument("--num-layers", type=int, help="N, blocks per stack")
+    model.add_argument("--d-model", type=int, help="model width")
+    model.add_argument("--num-heads", type=int, help="h, attention heads")
+    model.add_argument("--d-ff", type=int, help="feed-forward inner width")
+    model.add_argument("--dropout-rate", type=float, help="P_drop")
+    model.add_argument("--label-smoothing", type=float, help="ε_ls")
+    model.add_argument("--warmup-steps", type=int, help="learning-rate warmup steps")
+    model.add_argument("--position-encoding", choices=("sinusoidal", "learned"),
+                       help="positional encoding")
+    model.add_argument("--norm-position", choices=("post", "pre"), help="LayerNorm placement")
+    model.add_argument("--lr-scale", type=float, default=1.0,
+                       help="constant factor on the Noam learning-rate schedule")
+
+    evaluation = parser.add_argument_group("evaluation")
+    evaluation.add_argument("--beam-size", type=int, default=4, help="beam size (§6.1: 4)")
+    evaluation.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
+    evaluation.add_argument("--eval-limit", type=int,
+                            help="evaluate on only the first N test sentences")
+    parser.set_defaults(**defaults)
+    return parser
+
+
+def check_args(parser, args):
+    """Rejects impossible values with one line instead of a traceback later."""
+    for name in ("steps", "checkpoint_every", "keep_checkpoints", "vocab_size", "max_length",
+                 "tokens_per_batch", "beam_size", "eval_limit"):
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.epochs is not None and args.epochs <= 0:
+        parser.error(f"--epochs must be positive, got {args.epochs}")
+    if args.tokens_per_batch < args.max_length:
+        parser.error(f"--tokens-per-batch ({args.tokens_per_batch}) must be at least "
+                     f"--max-length ({args.max_length})")
+
+
+def model_config(args, vocab_size, target_vocab_size=None):
+    from keras_transformer import TransformerConfig
+
+    overrides = {
+        field: getattr(args, field)
+        for field in ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
+                      "label_smoothing", "warmup_steps", "position_encoding", "norm_position")
+        if getattr(args, field, None) is not None
+    }
+    overrides["max_length"] = max(args.max_length, 64)
+    if target_vocab_size is not None:
+        overrides.update(target_vocab_size=target_vocab_size, share_embeddings=False)
+    preset = getattr(TransformerConfig, args.preset)
+    return preset(vocab_size=vocab_size, **overrides)
+
+
+def load_or_train_tokenizers(args, corpus):
+    """The run's tokenizer(s): reused from the run directory when present, so a
+    resumed run keeps its vocabulary."""
+    from keras_transformer.training.tokenizers import SubwordTokenizer
+
+    names = ("source_tokenizer", "target_tokenizer") if args.separate_vocabularies else ("tokenizer",)
+    directories = [os.path.join(args.run_dir, name) for name in names]
+    if all(os.path.exists(os.path.join(d, "tokenizer.json")) for d in directories):
+        tokenizers = [SubwordTokenizer.load(d) for d in directories]
+        print(f"Tokenizer: reusing {', '.join(directories)}")
+    else:
+        start = time.time()
+        texts = ([corpus.sources, corpus.targets] if args.separate_vocabularies
+                 else [corpus.sources + corpus.targets])
+        tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
+                      for t in texts]
+        for tokenizer, directory in zip(tokenizers, directories):
+            tokenizer.save(directory)
+        print(f"Tokenizer: learned {args.tokenizer} vocabulary of "
+              f"{', '.join(str(t.vocab_size) for t in tokenizers)} tokens in "
+              f"{time.time() - start:.0f} s")
+    return tokenizers[0], tokenizers[-1]
+
+
+def run(args, splits, name):
+    """Trains, saves and evaluates. `splits` maps "train"/"validation"/"test" to
+    ParallelCorpus objects. Returns a dict of results."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.training.averaging import average_checkpoints
+    from keras_transformer.training.fit import fit_steps, list_checkpoints
+    from keras_transformer.training.pipeline import count_batches, make_dataset
+
+    keras.utils.set_random_seed(args.seed)
+    keras.config.set_dtype_policy(args.precision)
+    os.makedirs(args.run_dir, exist_ok=True)
+    print(f"Recipe {name}: backend {keras.backend.backend()}, precision {args.precision}, "
+          f"run directory {args.run_dir}")
+    train, validation, test = splits["train"], splits["validation"], splits["test"]
+    print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
+          f"{len(test.sources)} test")
+
+    source_tokenizer, target_tokenizer = load_or_train_tokenizers(args, train)
+    dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
+                        max_length=args.max_length, tokens_per_batch=args.tokens_per_batch)
+    train_dataset, _ = make_dataset(train.sources, train.targets, repeat=True,
+                                    seed=args.seed, **dataset_args)
+    validation_dataset = None
+    if validation.sources:
+        validation_dataset, _ = make_dataset(validation.sources, validation.targets,
+                                             shuffle=False, verbose=False, **dataset_args)
+
+    total_steps = args.steps
+    if total_steps is None:
+        one_pass, _ = make_dataset(train.sources, train.targets, shuffle=False, verbose=False,
+                                   **dataset_args)
+        batches = count_batches(one_pass)
+        total_steps = max(1, int(round(args.epochs * batches)))
+        print(f"Steps: {args.epochs} epochs x {batches} batches = {total_steps} steps")
+
+    separate = args.separate_vocabularies
+    config = model_config(args, source_tokenizer.vocab_size,
+                          target_tokenizer.vocab_size if separate else None)
+    model = kt.Transformer(config)
+    print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
+          f"{json.dumps(dataclasses.asdict(config))}")
+    model.compile(
+        optimizer=kt.paper_adam(config.d_model, config.warmup_steps, args.lr_scale),
+        loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+        metrics=[kt.MaskedTokenAccuracy(pad_id=config.pad_id)],
+    )
+
+    start = time.time()
+    fit_steps(model, train_dataset, args.run_dir, total_steps,
+              checkpoint_every=min(args.checkpoint_every, total_steps),
+              validation_dataset=validation_dataset, keep_checkpoints=args.keep_checkpoints,
+              verbose=args.verbose)
+    train_seconds = time.time() - start
+    print(f"Trained {total_steps} steps in {train_seconds:.0f} s")
+
+    model_path = os.path.join(args.run_dir, "model.keras")
+    _save_atomically(model, model_path)
+    print(f"Saved {model_path} (tokenizer beside it)")
+    checkpoints = list_checkpoints(os.path.join(args.run_dir, "checkpoints"))
+    averaged_path = None
+    if len(checkpoints) > 1:
+        averaged_path = os.path.join(args.run_dir, "model_averaged.keras")
+        average_checkpoints(checkpoints[-args.keep_checkpoints:], averaged_path)
+        print(f"Averaged the last {len(checkpoints[-args.keep_checkpoints:])} checkpoints "
+              f"into {averaged_path}")
+
+    results = {"recipe": name, "backend": keras.backend.backend(), "steps": total_steps,
+               "train_seconds": round(train_seconds, 1), "parameters": model.count_params()}
+    if test.sources:
+        results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
+    with open(os.path.join(args.run_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+
+def evaluate_test(args, model, source_tokenizer, target_tokenizer, test):
+    """Beam-search translation of the test split, BLEU and exact match."""
+    from keras_transformer.evaluation import evaluate
+    from keras_transformer.inference import Translator
+
+    limit = args.eval_limit or len(test.sources)
+    sources, references = test.sources[:limit], test.targets[:limit]
+    translator = Translator(model, source_tokenizer, target_tokenizer)
+    report = evaluate(
+        translator, sources, references,
+        hypotheses_path=os.path.join(args.run_dir, "test_hypotheses.txt"),
+        beam_size=args.beam_size, alpha=args.alpha,
+    )
+    hypotheses = report.pop("hypotheses", None)
+    if hypotheses is None:
+        with open(os.path.join(args.run_dir, "test_hypotheses.txt"), encoding="utf-8") as f:
+            hypotheses = f.read().splitlines()
+    exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references)) / len(references)
+    report["exact_match"] = exact
+    print(f"Test ({len(sources)} sentences, beam {args.beam_size}, α {args.alpha}): "
+          + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                      for k, v in report.items()))
+    for source, hypothesis, reference in list(zip(sources, hypotheses, references))[:5]:
+        print(f"  source:     {source}\n  translated: {hypothesis}\n  reference:  {reference}")
+    return report
+
+
+def _save_atomically(model, path):
+    partial = path + ".partial.keras"
+    model.save(partial)
+    os.replace(partial, path)
+
+
+def main_guard(main):
+    """Runs `main`, turning user mistakes (missing files, bad values) into one
+    line on stderr and exit status 2."""
+    try:
+        return main()
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,111 @@
+"""Tests of §5.1 subword tokenization: training, round trips, saving."""
+
+import os
+
+import pytest
+
+from keras_transformer.training.data import synthetic_translation
+from keras_transformer.training.tokenizers import BOS_ID, EOS_ID, PAD_ID, SubwordTokenizer
+
+TEXTS = [
+    "A man rides a bike.", "Two dogs play in the snow!", "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee.", "A girl, wearing a red hat, smiles.",
+    "Eine Frau (in Blau) liest ein Buch.", "Don't stop the music.",
+] * 20
+
+
+# Tokenizers are learned once per module and loaded fresh for each test:
+# the per-test seeding (tf.random.set_seed) frees the tf-text resources of
+# tokenizers created before it.
+@pytest.fixture(scope="module")
+def saved_tokenizers(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tokenizers")
+    SubwordTokenizer.train(TEXTS, vocab_size=120).save(str(directory / "sentencepiece"))
+    SubwordTokenizer.train(TEXTS, vocab_size=150, kind="wordpiece").save(str(directory / "wordpiece"))
+    return directory
+
+
+@pytest.fixture
+def sentencepiece(saved_tokenizers):
+    return SubwordTokenizer.load(str(saved_tokenizers / "sentencepiece"))
+
+
+@pytest.fixture
+def wordpiece(saved_tokenizers):
+    return SubwordTokenizer.load(str(saved_tokenizers / "wordpiece"))
+
+
+def test_special_ids_are_fixed(sentencepiece, wordpiece):
+    for tokenizer in (sentencepiece, wordpiece):
+        assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
+        ids = tokenizer.tokenize(["A man rides a bike."])[0]
+        assert ids and not {PAD_ID, BOS_ID, EOS_ID} & set(ids)
+
+
+def test_sentencepiece_round_trip_is_exact(sentencepiece):
+    texts = ["A man rides a bike.", "Zwei Hunde spielen im Schnee.", "Eine Frau (in Blau) liest ein Buch."]
+    assert sentencepiece.detokenize(sentencepiece.tokenize(texts)) == texts
+    assert sentencepiece.vocab_size == 120
+
+
+def test_wordpiece_round_trip_reattaches_punctuation(wordpiece):
+    texts = ["A man rides a bike.", "A girl, wearing a red hat, smiles.",
+             "Eine Frau (in Blau) liest ein Buch.", "Don't stop the music."]
+    assert wordpiece.detokenize(wordpiece.tokenize(texts)) == texts
+
+
+def test_detokenize_stops_at_end_and_skips_specials(sentencepiece):
+    ids = sentencepiece.tokenize(["A man rides a bike."])[0]
+    noisy = [BOS_ID] + ids + [EOS_ID] + ids + [PAD_ID, PAD_ID]
+    assert sentencepiece.detokenize([noisy, [EOS_ID], []]) == ["A man rides a bike.", "", ""]
+
+
+def test_save_and_load_give_the_same_ids(tmp_path, sentencepiece, wordpiece):
+    for tokenizer in (sentencepiece, wordpiece):
+        directory = tmp_path / tokenizer.kind
+        tokenizer.save(str(directory))
+        revived = SubwordTokenizer.load(str(directory))
+        assert revived.kind == tokenizer.kind and revived.vocab_size == tokenizer.vocab_size
+        assert revived.tokenize(TEXTS[:7]) == tokenizer.tokenize(TEXTS[:7])
+
+
+def test_in_graph_tokenization_matches_python(sentencepiece):
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices(TEXTS[:3]).batch(3).map(sentencepiece.tokenize_tf)
+    ragged = next(iter(dataset))
+    assert ragged.to_list() == sentencepiece.tokenize(TEXTS[:3])
+
+
+def test_learns_whole_words_of_the_synthetic_task():
+    corpus = synthetic_translation(2000, seed=0)
+    tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=320)
+    ids = tokenizer.tokenize(corpus.sources[:50])
+    words = [s.split() for s in corpus.sources[:50]]
+    assert all(len(i) == len(w) for i, w in zip(ids, words))
+
+
+def test_missing_and_corrupted_tokenizers_are_explained(tmp_path, sentencepiece):
+    with pytest.raises(FileNotFoundError, match="No tokenizer"):
+        SubwordTokenizer.load(str(tmp_path / "nowhere"))
+    directory = tmp_path / "broken"
+    sentencepiece.save(str(directory))
+    with open(os.path.join(directory, "sentencepiece.model"), "wb") as f:
+        f.write(b"not a model")
+    with pytest.raises(ValueError, match="corrupted"):
+        SubwordTokenizer.load(str(directory))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(texts=[], vocab_size=100), "empty"),
+    (dict(texts=["a b"], vocab_size=3), "vocab_size=3"),
+    (dict(texts=["a b"], vocab_size=100, kind="bpe"), "kind='bpe'"),
+])
+def test_bad_training_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SubwordTokenizer.train(**kwargs)
+
+
+def test_tokenize_rejects_a_bare_string(sentencepiece):
+    with pytest.raises(TypeError, match="list of strings"):
+        sentencepiece.tokenize("A man")

@@ -217,30 +217,29 @@ def run(args, splits, name):
 
 
 def evaluate_test(args, model, source_tokenizer, target_tokenizer, test):
-    """Beam-search translation of the test split, BLEU and exact match."""
+    """Beam-search translation of the test split: BLEU, exact match, speed."""
     from keras_transformer.evaluation import evaluate
     from keras_transformer.inference import Translator
 
     limit = args.eval_limit or len(test.sources)
     sources, references = test.sources[:limit], test.targets[:limit]
-    translator = Translator(model, source_tokenizer, target_tokenizer)
-    report = evaluate(
+    translator = (Translator(model, source_tokenizer) if target_tokenizer is source_tokenizer
+                  else Translator(model, source_tokenizer, target_tokenizer=target_tokenizer))
+    result = evaluate(
         translator, sources, references,
         hypotheses_path=os.path.join(args.run_dir, "test_hypotheses.txt"),
-        beam_size=args.beam_size, alpha=args.alpha,
+        beam_size=args.beam_size, alpha=args.alpha, verbose=1 if args.verbose else 0,
     )
-    hypotheses = report.pop("hypotheses", None)
-    if hypotheses is None:
-        with open(os.path.join(args.run_dir, "test_hypotheses.txt"), encoding="utf-8") as f:
-            hypotheses = f.read().splitlines()
-    exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references)) / len(references)
-    report["exact_match"] = exact
-    print(f"Test ({len(sources)} sentences, beam {args.beam_size}, α {args.alpha}): "
-          + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                      for k, v in report.items()))
-    for source, hypothesis, reference in list(zip(sources, hypotheses, references))[:5]:
+    exact = sum(h.strip() == r.strip() for h, r in zip(result.hypotheses, references))
+    print(f"Test, {len(sources)} sentences, beam {args.beam_size}, alpha {args.alpha}:")
+    print(result.summary())
+    print(f"Exact match {exact / len(references):.2%}")
+    for source, hypothesis, reference in list(zip(sources, result.hypotheses, references))[:5]:
         print(f"  source:     {source}\n  translated: {hypothesis}\n  reference:  {reference}")
-    return report
+    return {"bleu": result.bleu, "bleu_lowercase": result.bleu_lowercase,
+            "bleu_signature": result.bleu_signature, "exact_match": exact / len(references),
+            "test_sentences": len(sources),
+            "sentences_per_second": round(result.sentences_per_second, 2)}
 
 
 def _save_atomically(model, path):

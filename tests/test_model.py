@@ -8,7 +8,6 @@ import keras
 import numpy as np
 import pytest
 from helpers import to_numpy
-from keras import ops
 
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.layers import sinusoidal_position_encoding

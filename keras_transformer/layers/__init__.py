@@ -9,3 +9,14 @@ from keras_transformer.layers.embedding import (
     sinusoidal_position_encoding,
 )
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+
+__all__ = [
+    "DecoderBlock",
+    "EncoderBlock",
+    "LearnedPositionEmbedding",
+    "MultiHeadAttention",
+    "PositionwiseFeedForward",
+    "SinusoidalPositionEncoding",
+    "TokenEmbedding",
+    "sinusoidal_position_encoding",
+]

@@ -2,3 +2,5 @@
 
 from keras_transformer.training.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
 from keras_transformer.training.schedule import NoamSchedule, paper_adam
+
+__all__ = ["LabelSmoothedCrossEntropy", "MaskedTokenAccuracy", "NoamSchedule", "paper_adam"]

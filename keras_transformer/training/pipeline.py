@@ -181,6 +181,11 @@ def make_dataset(
         lambda s, t, y: ({"source": s, "target": t}, y),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
+    if not shuffle and not repeat:
+        # Bucketing hides the length from tf.data; a fixed order has a fixed
+        # number of batches, and telling Keras spares it a first pass that
+        # ends in an "ran out of data" warning.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count_batches(dataset)))
     return dataset.prefetch(tf.data.AUTOTUNE), stats
 
 

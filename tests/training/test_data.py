@@ -1,9 +1,9 @@
 """Tests of the corpora: files, Multi30k, Tatoeba splits, WMT14, synthetic task."""
 
 import gzip
-import os
 
 import pytest
+from test_data_paths import shared_data
 
 from keras_transformer.training.data import (
     ParallelCorpus,
@@ -15,18 +15,6 @@ from keras_transformer.training.data import (
     split_by_source,
     synthetic_translation,
 )
-
-SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
-
-
-def shared_data(*parts):
-    """A path under ../shared/data; skipped when absent, except under CI=true."""
-    path = os.path.join(SHARED_DATA, *parts)
-    if not os.path.exists(path):
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing, and CI must test on the real data")
-        pytest.skip(f"{path} is not here")
-    return path
 
 
 def write(path, lines, gz=False):

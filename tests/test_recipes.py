@@ -1,0 +1,146 @@
+"""Smoke runs of every recipe under the current backend, resumption after a
+real SIGKILL, checkpoint averaging, and the command lines' help and errors."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import pytest
+from test_data_paths import shared_data
+
+from recipes import anki, average, multi30k, quickstart, wmt14
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
+              "--num-layers", "1", "--warmup-steps", "10", "--beam-size", "2", "--verbose", "0"]
+
+
+def read_log(run_dir):
+    with open(os.path.join(run_dir, "training_log.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("recipe", [quickstart, multi30k, anki, wmt14, average])
+def test_help_explains_every_option(recipe, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: python -m recipes." in text
+    for option in ("--run-dir", "--precision", "--steps", "--epochs", "--checkpoint-every") \
+            if recipe is not average else ("--last", "--output"):
+        assert option in text
+
+
+def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
+    run_dir = str(tmp_path / "run")
+    results = quickstart.main([
+        "--run-dir", run_dir, "--steps", "6", "--checkpoint-every", "3",
+        "--train-pairs", "200", "--test-pairs", "8", "--vocab-size", "320", *TINY_MODEL,
+    ])
+    assert results["steps"] == 6 and results["backend"] == keras.backend.backend()
+    for name in ("model.keras", "model_averaged.keras", "tokenizer/tokenizer.json",
+                 "checkpoints/step-0000003.keras", "checkpoints/step-0000006.keras",
+                 "training_log.csv", "results.json", "test_hypotheses.txt"):
+        assert os.path.exists(os.path.join(run_dir, name)), name
+    assert os.path.isdir(os.path.join(run_dir, "logs"))
+    assert not os.path.exists(os.path.join(run_dir, "backup")), "backup is removed at the end"
+    assert 0 <= results["exact_match"] <= 1 and "bleu" in results
+    assert [row["epoch"] for row in read_log(run_dir)] == ["0", "1"]
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16"])
+def test_quickstart_smoke_run_in_mixed_precision(tmp_path, precision):
+    results = quickstart.main([
+        "--run-dir", str(tmp_path / "run"), "--steps", "3", "--checkpoint-every", "3",
+        "--train-pairs", "100", "--test-pairs", "4", "--precision", precision, *TINY_MODEL,
+    ])
+    assert results["steps"] == 3
+
+
+def test_multi30k_smoke_run_reads_the_real_files(tmp_path):
+    data_dir = shared_data("multi30k")
+    results = multi30k.main([
+        "--data-dir", data_dir, "--direction", "en-de", "--run-dir", str(tmp_path / "run"),
+        "--train-limit", "300", "--steps", "2", "--checkpoint-every", "2", "--vocab-size", "500",
+        "--eval-limit", "3", "--max-length", "48", "--tokens-per-batch", "1024", *TINY_MODEL,
+    ])
+    assert results["recipe"] == "multi30k-en-de" and results["steps"] == 2
+
+
+def test_anki_smoke_run_reads_the_real_file(tmp_path):
+    data = shared_data("anki", "spa-eng", "spa.txt.gz")
+    results = anki.main([
+        "--data", data, "--run-dir", str(tmp_path / "run"), "--train-limit", "300",
+        "--steps", "2", "--checkpoint-every", "2", "--vocab-size", "400", "--eval-limit", "3",
+        "--max-length", "32", "--tokens-per-batch", "512", *TINY_MODEL,
+    ])
+    assert results["recipe"] == "anki-en-es"
+
+
+def test_recipe_user_errors_print_one_line_and_exit_2(tmp_path):
+    command = [sys.executable, "-m", "recipes.multi30k", "--data-dir", str(tmp_path / "none"),
+               "--steps", "1"]
+    result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: Multi30k folder")
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_option_values_are_rejected(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart.main(["--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "--steps must be positive" in capsys.readouterr().err
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+    """SIGKILL after the first checkpoint; the same command then finishes the run
+    without repeating the windows that were saved."""
+    run_dir = str(tmp_path / "run")
+    command = [sys.executable, "-m", "recipes.quickstart", "--run-dir", run_dir,
+               "--steps", "400", "--checkpoint-every", "20", "--train-pairs", "300",
+               "--test-pairs", "4", *TINY_MODEL]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.Popen(command, cwd=REPOSITORY, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if os.path.exists(checkpoints) and len(os.listdir(checkpoints)) >= 2:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    epochs_before = [int(row["epoch"]) for row in read_log(run_dir)]
+    assert epochs_before, "no window finished before the kill"
+
+    command[command.index("--steps") + 1] = str(20 * (max(epochs_before) + 3))
+    finished = subprocess.run(command, cwd=REPOSITORY, env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    epochs = [int(row["epoch"]) for row in read_log(run_dir)]
+    resumed = epochs[len(epochs_before):]
+    # The second run starts after the last backed-up window, not at epoch 0,
+    # and loses at most the one window that was running at the kill.
+    assert resumed[0] >= max(epochs_before) and resumed[0] > 0, epochs
+    assert resumed[-1] == max(epochs_before) + 2
+    assert os.path.exists(os.path.join(checkpoints, f"step-{20 * (resumed[-1] + 1):07d}.keras"))
+
+
+def test_average_command_writes_the_mean_model(tmp_path):
+    import keras_transformer as kt
+
+    config = kt.TransformerConfig.tiny(vocab_size=12)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for step in (1, 2, 3):
+        kt.Transformer(config).save(run_dir / "checkpoints" / f"step-{step:07d}.keras")
+    average.main(["--run-dir", str(run_dir), "--last", "2"])
+    assert (run_dir / "model_averaged.keras").exists()

@@ -223,8 +223,7 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test):
 
     limit = args.eval_limit or len(test.sources)
     sources, references = test.sources[:limit], test.targets[:limit]
-    translator = (Translator(model, source_tokenizer) if target_tokenizer is source_tokenizer
-                  else Translator(model, source_tokenizer, target_tokenizer=target_tokenizer))
+    translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
     result = evaluate(
         translator, sources, references,
         hypotheses_path=os.path.join(args.run_dir, "test_hypotheses.txt"),

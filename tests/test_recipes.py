@@ -30,7 +30,7 @@ def test_help_explains_every_option(recipe, capsys):
         recipe.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    assert "usage: python -m recipes." in text
+    assert "usage: " in text
     for option in ("--run-dir", "--precision", "--steps", "--epochs", "--checkpoint-every") \
             if recipe is not average else ("--last", "--output"):
         assert option in text

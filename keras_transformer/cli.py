@@ -1,0 +1,164 @@
+"""The `keras-transformer` command: translate, evaluate, plot and average.
+
+    keras-transformer translate runs/quickstart "kave tomi tozu"
+    keras-transformer evaluate runs/multi30k-de-en --source test.de --reference test.en
+    keras-transformer plot attention runs/quickstart "kave tomi tozu" --output-dir plots
+    keras-transformer plot positions --output plots/positions.png
+    keras-transformer plot schedule --output plots/schedule.png
+    keras-transformer average --run-dir runs/multi30k-de-en --last 5
+
+Training lives in the recipes (`python -m recipes.NAME --help`). A MODEL argument
+is a `.keras` file with its tokenizer beside it, or a run directory (its
+`model_averaged.keras` if present, else `model.keras`). User mistakes print one
+line and exit with status 2.
+"""
+
+import argparse
+import os
+import sys
+
+
+def _translator(path):
+    from keras_transformer.inference import Translator
+    from keras_transformer.inference.loading import load_translation_model
+
+    model, source_tokenizer, target_tokenizer = load_translation_model(path)
+    return Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
+
+
+def _translate(args):
+    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
+    translations = _translator(args.model).translate(
+        sentences, beam_size=args.beam_size, alpha=args.alpha, batch_size=args.batch_size
+    )
+    for translation in translations:
+        print(translation)
+
+
+def _evaluate(args):
+    from keras_transformer.evaluation import evaluate
+    from keras_transformer.training.data import read_parallel
+
+    corpus = read_parallel(args.source, args.reference)
+    sources, references = corpus.sources[: args.limit], corpus.targets[: args.limit]
+    result = evaluate(
+        _translator(args.model), sources, references, hypotheses_path=args.output,
+        beam_size=args.beam_size, alpha=args.alpha, batch_size=args.batch_size,
+    )
+    print(result.summary())
+
+
+def _plot(args):
+    from keras_transformer import plots
+
+    if args.figure == "positions":
+        print(plots.plot_position_encoding(args.output, length=args.length, d_model=args.d_model))
+    elif args.figure == "schedule":
+        print(plots.plot_learning_rate(args.output, d_model=args.d_model,
+                                       warmup_steps=args.warmup_steps, num_steps=args.num_steps))
+    else:
+        paths = plots.plot_translation_attention(
+            _translator(args.model), args.sentence, args.output_dir,
+            beam_size=args.beam_size, alpha=args.alpha,
+        )
+        for path in paths.values():
+            print(path)
+
+
+def _average(args):
+    from keras_transformer.training.averaging import average_checkpoints
+    from keras_transformer.training.fit import list_checkpoints
+
+    paths = args.checkpoints
+    if args.run_dir:
+        paths = list_checkpoints(os.path.join(args.run_dir, "checkpoints"))[-args.last:]
+        if not paths:
+            raise FileNotFoundError(f"No step-*.keras checkpoints in {args.run_dir}/checkpoints.")
+    output = args.output or (os.path.join(args.run_dir, "model_averaged.keras")
+                             if args.run_dir else "averaged.keras")
+    average_checkpoints(paths, output)
+    print(f"Averaged {len(paths)} checkpoints into {output}")
+
+
+def _positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _add_search_options(parser):
+    parser.add_argument("--beam-size", type=_positive_int, default=4, help="beam size (§6.1: 4)")
+    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-transformer",
+        description="Translate, evaluate, plot and average with keras-transformer models. "
+                    "Train with python -m recipes.NAME.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    translate = commands.add_parser("translate", help="translate sentences (or stdin lines)")
+    translate.add_argument("model", help=".keras file or run directory")
+    translate.add_argument("sentences", nargs="*", help="sentences; read from stdin if none")
+    translate.add_argument("--batch-size", type=_positive_int, default=32,
+                           help="sentences decoded together")
+    _add_search_options(translate)
+    translate.set_defaults(run=_translate)
+
+    evaluate = commands.add_parser("evaluate", help="translate a test set and report BLEU")
+    evaluate.add_argument("model", help=".keras file or run directory")
+    evaluate.add_argument("--source", required=True, help="source sentences, one per line (.gz ok)")
+    evaluate.add_argument("--reference", required=True, help="reference translations, aligned")
+    evaluate.add_argument("--output", help="file for the translations, one per line")
+    evaluate.add_argument("--limit", type=_positive_int, help="only the first N sentences")
+    evaluate.add_argument("--batch-size", type=_positive_int, default=32,
+                          help="sentences decoded together")
+    _add_search_options(evaluate)
+    evaluate.set_defaults(run=_evaluate)
+
+    plot = commands.add_parser("plot", help="draw a figure as a PNG file")
+    figures = plot.add_subparsers(dest="figure", required=True)
+    attention = figures.add_parser("attention", help="encoder, decoder and cross attention "
+                                   "of one translated sentence, per layer and head")
+    attention.add_argument("model", help=".keras file or run directory")
+    attention.add_argument("sentence", help="the source sentence")
+    attention.add_argument("--output-dir", default="plots", help="folder for the PNG files")
+    _add_search_options(attention)
+    positions = figures.add_parser("positions", help="the §3.5 positional-encoding matrix")
+    positions.add_argument("--output", default="plots/positions.png", help="PNG file")
+    positions.add_argument("--length", type=_positive_int, default=100, help="positions drawn")
+    positions.add_argument("--d-model", type=_positive_int, default=512, help="encoding width")
+    schedule = figures.add_parser("schedule", help="the §5.3 learning-rate schedule")
+    schedule.add_argument("--output", default="plots/schedule.png", help="PNG file")
+    schedule.add_argument("--d-model", type=_positive_int, default=512, help="model width")
+    schedule.add_argument("--warmup-steps", type=_positive_int, default=4000, help="warmup steps")
+    schedule.add_argument("--num-steps", type=_positive_int, default=20000, help="steps drawn")
+    plot.set_defaults(run=_plot)
+
+    average = commands.add_parser("average", help="average checkpoints into one model (§6.1)")
+    average.add_argument("checkpoints", nargs="*", help=".keras files to average")
+    average.add_argument("--run-dir", help="average this run's newest checkpoints")
+    average.add_argument("--last", type=_positive_int, default=5,
+                         help="with --run-dir: how many of the newest checkpoints")
+    average.add_argument("--output", help="where to write the averaged model")
+    average.set_defaults(run=_average)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "average" and bool(args.checkpoints) == bool(args.run_dir):
+        parser.error("average: give either checkpoint files or --run-dir")
+    try:
+        args.run(args)
+    except (FileNotFoundError, ValueError, TypeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

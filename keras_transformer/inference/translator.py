@@ -1,0 +1,261 @@
+"""§6.1 Machine Translation: from source text to translated text.
+
+`Translator` joins a trained `Transformer` and its tokenizer (or a source and
+a target tokenizer for separate vocabularies): it tokenizes the sentences,
+appends the end-of-sentence id (the encoder input, no BOS), sorts them by
+length so that each batch holds sentences of similar length, runs
+`beam_search` batch by batch, and detokenizes the best hypotheses back into
+the caller's order.
+
+Tokenizers are duck-typed. They need the attributes `pad_id`, `bos_id`,
+`eos_id` and `vocab_size`, `tokenize(list_of_str) -> list[list[int]]` (ids
+without BOS or EOS) and `detokenize(list_of_id_lists) -> list[str]` (which
+ignores special ids).
+"""
+
+import keras
+import numpy as np
+
+from keras_transformer.inference.decoding import (
+    _check_model,
+    _check_search_options,
+    beam_search,
+)
+
+_TOKENIZER_ATTRIBUTES = ("pad_id", "bos_id", "eos_id", "vocab_size")
+_TOKENIZER_METHODS = ("tokenize", "detokenize")
+
+# Source batches are padded to a multiple of this width, so that JAX and
+# TensorFlow compile one search per width bucket instead of one per length.
+_WIDTH_MULTIPLE = 8
+
+
+class Translator:
+    """Translates sentences with a trained Transformer and beam search (§6.1).
+
+    Defined results at the edges: a sentence that tokenizes to no ids (e.g. an
+    empty string) translates to "" with score 0.0 and no ids, without running
+    the model; a sentence longer than the model accepts (its ids plus EOS
+    exceed `model.config.max_length`) raises a ValueError that names the
+    sentence, its length and the limit, before anything is decoded.
+
+    Args:
+        model: A trained `keras_transformer.Transformer`.
+        tokenizer: The tokenizer the model was trained with (see the module
+            docstring for the protocol); with `target_tokenizer`, the source
+            side's. Its `pad_id` must be the model's `config.pad_id`.
+        target_tokenizer: The target side's tokenizer for a model with
+            separate vocabularies, or None when `tokenizer` serves both. It
+            gives BOS and EOS to the decoder and detokenizes the output.
+
+    Example:
+
+    >>> translator = Translator(model, tokenizer)
+    >>> translator.translate(["Ein Mann fährt Fahrrad."])
+    ['A man rides a bike.']
+    >>> texts, scores = translator.translate(["Ein Hund."], return_scores=True)
+    """
+
+    def __init__(self, model, tokenizer, target_tokenizer=None):
+        _check_model(model)
+        config = model.config
+        _check_tokenizer(tokenizer, config, "tokenizer", config.vocab_size)
+        name = "tokenizer" if target_tokenizer is None else "target_tokenizer"
+        if target_tokenizer is None:
+            target_tokenizer = tokenizer
+        _check_tokenizer(target_tokenizer, config, name, config.resolved_target_vocab_size)
+        self._model = model
+        self._tokenizer = tokenizer
+        self._target_tokenizer = target_tokenizer
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def tokenizer(self):
+        """The source side's tokenizer."""
+        return self._tokenizer
+
+    @property
+    def target_tokenizer(self):
+        """The target side's tokenizer (`tokenizer` for a shared vocabulary)."""
+        return self._target_tokenizer
+
+    @property
+    def max_source_length(self):
+        """Most tokens of a sentence (its ids plus EOS) the model accepts."""
+        return self._model.config.max_length
+
+    def source_ids(self, sentences):
+        """Tokenizes sentences into encoder inputs: ids + [eos_id] each.
+
+        Args:
+            sentences: A list of strings.
+
+        Returns:
+            A list of int id lists, [] for a sentence without tokens.
+
+        Raises:
+            ValueError: If a sentence is longer than `max_source_length`.
+        """
+        sentences = _check_sentences(sentences)
+        tokenized = self._tokenizer.tokenize(sentences)
+        if len(tokenized) != len(sentences):
+            raise ValueError(
+                f"tokenizer.tokenize returned {len(tokenized)} id lists for "
+                f"{len(sentences)} sentences: it must return one list per sentence."
+            )
+        eos_id = self._tokenizer.eos_id
+        sources = [[int(i) for i in ids] + [eos_id] if len(ids) else [] for ids in tokenized]
+        too_long = [i for i, ids in enumerate(sources) if len(ids) > self.max_source_length]
+        if too_long:
+            first = too_long[0]
+            raise ValueError(
+                f"{len(too_long)} sentence(s) are longer than the model accepts: "
+                f"sentence {first} has {len(sources[first]) - 1} tokens + EOS = "
+                f"{len(sources[first])}, the limit is max_length="
+                f"{self.max_source_length} (model.config.max_length). Split long "
+                "sentences or shorten them before translating."
+            )
+        return sources
+
+    def translate(
+        self,
+        sentences,
+        beam_size=4,
+        alpha=0.6,
+        max_length=None,
+        batch_size=32,
+        return_scores=False,
+        return_ids=False,
+        verbose=0,
+    ):
+        """Translates a list of sentences.
+
+        Args:
+            sentences: A list of source strings.
+            beam_size: Beam size (4 in §6.1). `beam_size=1, alpha=0` is greedy
+                decoding.
+            alpha: Length penalty α (0.6 in §6.1).
+            max_length: Most output tokens per sentence; None means its source
+                length + 50 (§6.1).
+            batch_size: Sentences decoded together.
+            return_scores: Whether to also return each translation's score,
+                log P(Y | X) / lp(Y).
+            return_ids: Whether to also return each translation's output ids
+                (up to and including EOS when one was generated).
+            verbose: 1 shows a progress bar, 0 is silent.
+
+        Returns:
+            The list of translations, in the order of `sentences`; with
+            `return_scores` and/or `return_ids`, the tuple
+            `(translations, scores, ids)` without the parts not asked for.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or (
+            batch_size < 1
+        ):
+            raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+        _check_search_options(beam_size, alpha, max_length)
+        sources = self.source_ids(sentences)
+        count = len(sources)
+        output_ids = [[] for _ in range(count)]
+        scores = np.zeros((count,), "float32")
+
+        # Longest first, so a batch holds similar lengths and little padding.
+        order = sorted((i for i in range(count) if sources[i]), key=lambda i: -len(sources[i]))
+        progress = keras.utils.Progbar(count, unit_name="sentence") if verbose and count else None
+        done = count - len(order)  # empty sentences need no decoding
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            ids, batch_scores = beam_search(
+                self._model,
+                self._pad([sources[i] for i in rows]),
+                self._target_tokenizer.bos_id,
+                self._target_tokenizer.eos_id,
+                beam_size=beam_size,
+                alpha=alpha,
+                max_length=max_length,
+            )
+            pad_id = self._model.config.pad_id
+            for row, hypothesis, score in zip(rows, ids, batch_scores):
+                output_ids[row] = [int(t) for t in hypothesis if t != pad_id]
+                scores[row] = score
+            done += len(rows)
+            if progress is not None:
+                progress.update(done)
+        if progress is not None and not order:
+            progress.update(count)
+
+        eos_id = self._target_tokenizer.eos_id
+        translations = self._target_tokenizer.detokenize(
+            [[t for t in ids if t != eos_id] for ids in output_ids]
+        )
+        translations = [str(text) for text in translations]
+        results = [translations]
+        if return_scores:
+            results.append([float(s) for s in scores])
+        if return_ids:
+            results.append(output_ids)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _pad(self, sources):
+        """(batch, width) int32 matrix, width rounded up to a multiple of 8."""
+        longest = max(len(ids) for ids in sources)
+        width = -(-longest // _WIDTH_MULTIPLE) * _WIDTH_MULTIPLE
+        width = max(longest, min(width, self.max_source_length))
+        matrix = np.full((len(sources), width), self._tokenizer.pad_id, "int32")
+        for row, ids in enumerate(sources):
+            matrix[row, : len(ids)] = ids
+        return matrix
+
+
+def _check_sentences(sentences):
+    if isinstance(sentences, str):
+        raise TypeError(
+            "translate() takes a list of strings, got one str: wrap it in a list, "
+            "e.g. translator.translate([sentence])."
+        )
+    try:
+        sentences = list(sentences)
+    except TypeError:
+        raise TypeError(
+            f"sentences must be a list of strings, got {type(sentences).__name__}."
+        ) from None
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(
+                f"sentences[{i}] is a {type(sentence).__name__}, not a str: pass text, "
+                "not token ids (use beam_search for ids)."
+            )
+    return sentences
+
+
+def _check_tokenizer(tokenizer, config, name, model_vocab_size):
+    missing = [name for name in _TOKENIZER_ATTRIBUTES if not hasattr(tokenizer, name)]
+    missing += [name + "()" for name in _TOKENIZER_METHODS
+                if not callable(getattr(tokenizer, name, None))]
+    if missing:
+        raise TypeError(
+            f"{name} ({type(tokenizer).__name__}) is not a tokenizer Translator can use: it lacks "
+            f"{', '.join(missing)}. A tokenizer needs {', '.join(_TOKENIZER_ATTRIBUTES)}, "
+            "tokenize(list_of_str) -> list of id lists and detokenize(list of id lists) "
+            "-> list_of_str."
+        )
+    if tokenizer.pad_id != config.pad_id:
+        raise ValueError(
+            f"{name}.pad_id={tokenizer.pad_id} but the model pads with "
+            f"config.pad_id={config.pad_id}: use the tokenizer the model was trained with."
+        )
+    if tokenizer.vocab_size > model_vocab_size:
+        raise ValueError(
+            f"{name}.vocab_size={tokenizer.vocab_size} exceeds the model's vocabulary "
+            f"({model_vocab_size} ids): use the tokenizer the model was trained with."
+        )
+    for special in ("bos_id", "eos_id"):
+        value = getattr(tokenizer, special)
+        if not 0 <= value < tokenizer.vocab_size:
+            raise ValueError(
+                f"{name}.{special}={value} is outside its vocabulary "
+                f"(0 <= id < {tokenizer.vocab_size})."
+            )

@@ -1,0 +1,365 @@
+"""Tests of §6.1 decoding: cached greedy search and beam search with length penalty."""
+
+import functools
+import itertools
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import keras_transformer as kt
+from keras_transformer.inference import (
+    beam_search,
+    decoding,
+    greedy_search,
+    length_penalty,
+)
+from keras_transformer.training.toy_tasks import BOS_ID, EOS_ID, reverse_task
+
+BACKENDS = ("tensorflow", "jax", "torch")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tiny_model(vocab_size=20, **overrides):
+    return kt.Transformer(kt.TransformerConfig.tiny(vocab_size=vocab_size, **overrides))
+
+
+def source_batch(batch_size=3, width=7, vocab_size=20, seed=0):
+    source = np.random.default_rng(seed).integers(3, vocab_size, size=(batch_size, width))
+    source = source.astype("int32")
+    source[1, 4:] = 0
+    source[2:, 6:] = 0
+    return source
+
+
+def set_output_bias(model, token_id, value):
+    """Pushes one token's logit up or down through the shared output bias."""
+    bias = np.zeros(model.config.resolved_target_vocab_size, "float32")
+    bias[token_id] = value
+    model.target_embedding.output_bias.assign(bias)
+
+
+def strip(ids, pad_id=0):
+    return [[int(t) for t in row if t != pad_id] for row in ids]
+
+
+def sequence_log_probs(model, source, outputs, bos_id):
+    """log P(y | x) of each output sequence, by one full forward pass (no cache)."""
+    width = max(len(y) for y in outputs)
+    targets = np.zeros((len(outputs), width), "int32")
+    labels = np.zeros((len(outputs), width), "int32")
+    for row, y in enumerate(outputs):
+        targets[row, : len(y)] = [bos_id, *y[:-1]]
+        labels[row, : len(y)] = y
+    sources = np.repeat(source[None], len(outputs), axis=0)
+    logits = model.predict_on_batch({"source": sources, "target": targets})
+    log_probs = ops.convert_to_numpy(ops.log_softmax(logits, axis=-1))
+    picked = np.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    lengths = np.array([len(y) for y in outputs])
+    return np.where(np.arange(width)[None] < lengths[:, None], picked, 0).sum(1), lengths
+
+
+def naive_greedy(model, source, bos_id, eos_id, max_length):
+    """Greedy decoding by re-running the whole model on the prefix at every step.
+
+    The target is a fixed-width buffer; positions after the prefix are padding,
+    which the causal mask hides from the prefix anyway.
+    """
+    pad_id = model.config.pad_id
+    batch_size = len(source)
+    targets = np.full((batch_size, max_length), pad_id, "int32")
+    targets[:, 0] = bos_id
+    outputs = [[] for _ in range(batch_size)]
+    scores = np.zeros(batch_size, "float32")
+    for step in range(max_length):
+        # predict_on_batch compiles the forward pass once for the fixed shapes.
+        logits = model.predict_on_batch({"source": source, "target": targets})
+        log_probs = ops.convert_to_numpy(ops.log_softmax(logits[:, step], axis=-1))
+        log_probs[:, [pad_id, bos_id]] = -np.inf  # never generated
+        for row in range(batch_size):
+            if outputs[row][-1:] == [eos_id] or len(outputs[row]) == max_length:
+                continue
+            token = int(np.argmax(log_probs[row]))
+            outputs[row].append(token)
+            scores[row] += log_probs[row, token]
+            if step + 1 < max_length:
+                targets[row, step + 1] = token
+    return outputs, scores
+
+
+@pytest.fixture(scope="module")
+def model():
+    """An untrained post-norm model shared by the tests that only read it."""
+    keras.utils.set_random_seed(3)
+    return tiny_model()
+
+
+CONFIGS = {
+    "post_norm": {},
+    "pre_norm": {"norm_position": "pre"},
+    "untied_learned": {"share_embeddings": False, "tie_output_embedding": False,
+                       "target_vocab_size": 17, "position_encoding": "learned"},
+}
+
+
+@pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
+def test_cached_greedy_matches_full_recomputation(model, overrides):
+    model = tiny_model(**overrides) if overrides else model
+    source = source_batch()
+    ids, scores = greedy_search(model, source, bos_id=1, eos_id=2, max_length=8)
+    expected_ids, expected_scores = naive_greedy(model, source, 1, 2, max_length=8)
+    assert strip(ids) == expected_ids
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-4)
+
+
+def test_beam_size_one_without_length_penalty_equals_greedy(model):
+    source = source_batch()
+    greedy_ids, greedy_scores = greedy_search(model, source, 1, 2, max_length=8)
+    beam_ids, beam_scores = beam_search(model, source, 1, 2, beam_size=1, alpha=0.0,
+                                        max_length=8)
+    np.testing.assert_array_equal(beam_ids, greedy_ids)
+    np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-5)
+
+
+def test_wide_beam_finds_the_exhaustive_best():
+    """With a beam as wide as every step's candidates, beam search is exact search."""
+    vocab_size, max_length = 6, 3  # pad 0, bos 1, eos 2, words 3 to 5
+    model = tiny_model(vocab_size=vocab_size)
+    model.target_embedding.output_bias.assign(
+        np.random.default_rng(2).normal(scale=2.0, size=vocab_size).astype("float32")
+    )
+    source = source_batch(batch_size=2, width=4, vocab_size=vocab_size)
+    # Every output of at most 3 tokens; EOS may only come last.
+    tokens = [3, 4, 5]
+    candidates = [[2]] + [[*prefix, 2] for prefix in itertools.product(tokens, repeat=1)]
+    candidates += [[*prefix, last] for prefix in itertools.product(tokens, repeat=2)
+                   for last in (2, 3, 4, 5)]
+    candidates = [list(c) for c in candidates]
+    log_probs = [sequence_log_probs(model, row, candidates, bos_id=1) for row in source]
+    for alpha in (0.0, 0.6, 2.0):
+        # A step has at most 3^2 alive hypotheses x 4 tokens = 36 candidates.
+        ids, scores = beam_search(model, source, 1, 2, beam_size=36, alpha=alpha,
+                                  max_length=max_length)
+        for row, (row_log_probs, lengths) in enumerate(log_probs):
+            normalized = row_log_probs / ops.convert_to_numpy(length_penalty(lengths, alpha))
+            best = int(np.argmax(normalized))
+            assert strip(ids)[row] == candidates[best], f"alpha={alpha}, sentence {row}"
+            np.testing.assert_allclose(scores[row], normalized[best], rtol=1e-5)
+
+
+def test_batched_search_equals_one_sentence_at_a_time(model):
+    source = source_batch()
+    ids, scores = beam_search(model, source, 1, 2, max_length=8)
+    # Each sentence's beams are gathered from its own rows only: reordering
+    # the batch reorders the results.
+    order = [2, 0, 1]
+    reordered_ids, reordered_scores = beam_search(model, source[order], 1, 2, max_length=8)
+    assert strip(reordered_ids) == [strip(ids)[i] for i in order]
+    np.testing.assert_allclose(reordered_scores, scores[order], rtol=1e-5)
+    # Padding a sentence to the batch width changes nothing.
+    alone_ids, alone_scores = beam_search(model, source[1:2, :4], 1, 2, max_length=8)
+    assert strip(alone_ids) == strip(ids[1:2])
+    np.testing.assert_allclose(alone_scores, scores[1:2], rtol=1e-4)
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search])
+def test_output_ends_at_eos_or_at_source_length_plus_50(search):
+    model = tiny_model()
+    source = source_batch()
+    set_output_bias(model, 2, -1e4)  # EOS never wins: every sentence runs to its limit
+    ids, _ = search(model, source, bos_id=1, eos_id=2)
+    source_lengths = np.sum(source != 0, axis=1)
+    np.testing.assert_array_equal(np.sum(ids != 0, axis=1), source_lengths + 50)
+    assert ids.shape[1] == source_lengths.max() + 50 and not np.any(ids == 2)
+    set_output_bias(model, 2, 1e4)  # EOS always wins
+    ids, scores = search(model, source, bos_id=1, eos_id=2)
+    np.testing.assert_array_equal(ids, [[2], [2], [2]])
+    np.testing.assert_allclose(scores, 0.0, atol=1e-3)
+
+
+def test_learned_positions_cap_the_output_length():
+    model = tiny_model(position_encoding="learned", max_length=16)
+    set_output_bias(model, 2, -1e4)
+    ids, _ = beam_search(model, source_batch(), bos_id=1, eos_id=2)
+    assert ids.shape == (3, 16) and np.all(ids != 0)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly")
+def test_compiled_once_per_shape_and_sees_new_weights(monkeypatch):
+    traces = []
+    original = decoding.decode_step
+
+    def counting_step(*args, **kwargs):
+        traces.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "decode_step", counting_step)
+    model = tiny_model()
+    source = source_batch()
+    first, _ = beam_search(model, source, 1, 2, max_length=8)
+    traced = len(traces)
+    assert traced > 0
+    beam_search(model, source + 0, 1, 2, max_length=8)
+    beam_search(model, source, 1, 3, alpha=1.0, max_length=8)  # ids and α are arguments
+    assert len(traces) == traced, "same shapes must reuse the compiled search"
+    # New weights reach the compiled function without tracing it again.
+    set_output_bias(model, 2, 1e4)
+    forced, _ = beam_search(model, source, 1, 2, max_length=8)
+    assert len(traces) == traced
+    np.testing.assert_array_equal(forced, [[2], [2], [2]])
+    assert not np.array_equal(first[:, :1], forced)
+
+
+def test_mixed_precision_models_decode():
+    keras.config.set_dtype_policy("mixed_float16")
+    model = tiny_model()
+    ids, scores = beam_search(model, source_batch(), 1, 2, max_length=6)
+    assert ids.dtype == np.int32 and scores.dtype == np.float32
+    assert np.all(np.isfinite(scores)) and np.all((ids >= 0) & (ids < 20))
+
+
+def test_length_penalty_is_the_papers():
+    np.testing.assert_allclose(ops.convert_to_numpy(length_penalty(1, 0.6)), 1.0)
+    np.testing.assert_allclose(ops.convert_to_numpy(length_penalty(7, 0.6)), 2.0**0.6,
+                               rtol=1e-6)
+    np.testing.assert_allclose(ops.convert_to_numpy(length_penalty(30, 0.0)), 1.0)
+
+
+def test_bad_arguments_are_explained():
+    model = tiny_model()
+    source = source_batch()
+    with pytest.raises(ValueError, match="beam_size=0 must be a positive integer"):
+        beam_search(model, source, 1, 2, beam_size=0)
+    with pytest.raises(ValueError, match="alpha=-0.5 must be a number >= 0"):
+        beam_search(model, source, 1, 2, alpha=-0.5)
+    with pytest.raises(ValueError, match=r"bos_id=20 must be .*\(0 <= bos_id < 20\)"):
+        greedy_search(model, source, 20, 2)
+    with pytest.raises(ValueError, match="eos_id=0 equals the padding id"):
+        greedy_search(model, source, 1, 0)
+    with pytest.raises(ValueError, match="max_length=0 must be a positive integer"):
+        greedy_search(model, source, 1, 2, max_length=0)
+    with pytest.raises(ValueError, match=r"add a batch axis"):
+        greedy_search(model, source[0], 1, 2)
+    with pytest.raises(ValueError, match="ragged"):
+        greedy_search(model, [[3, 4, 5], [3]], 1, 2)
+    with pytest.raises(ValueError, match=r"ids from 3 to 25, outside .* id < 20"):
+        greedy_search(model, [[3, 25]], 1, 2)
+    with pytest.raises(TypeError, match="needs a keras_transformer.Transformer"):
+        beam_search(keras.Sequential(), source, 1, 2)
+    learned = tiny_model(position_encoding="learned", max_length=8)
+    with pytest.raises(ValueError, match="max_length=8"):
+        beam_search(learned, np.ones((1, 9), "int32"), 1, 2)
+
+
+# A model trained on the toy reversal task: non-trivial outputs with clear margins.
+
+TOY_VOCAB_SIZE, TOY_MAX_LENGTH = 10, 5
+
+
+@functools.cache
+def trained_reverse_model():
+    """A tiny model trained to reverse sequences (about 10 s on 2 CPU cores).
+
+    Cached, so that every test module of this run shares one training.
+    """
+    keras.utils.set_random_seed(0)
+    config = kt.TransformerConfig.tiny(
+        vocab_size=TOY_VOCAB_SIZE, d_model=64, d_ff=128, num_heads=4,
+        label_smoothing=0.0, max_length=16,
+    )
+    model = kt.Transformer(config)
+    inputs, labels = reverse_task(2048, vocab_size=TOY_VOCAB_SIZE,
+                                  max_length=TOY_MAX_LENGTH, seed=1)
+    steps = 12 * len(labels) // 128
+    model.compile(
+        optimizer=keras.optimizers.Adam(
+            keras.optimizers.schedules.PolynomialDecay(5e-3, steps, 5e-4),
+            beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+        ),
+        loss=kt.LabelSmoothedCrossEntropy(0.0),
+    )
+    with _one_torch_thread():
+        model.fit(inputs, labels, batch_size=128, epochs=12, verbose=0)
+    return model
+
+
+class _one_torch_thread:
+    """Trains torch on one thread: on a shared 2-core machine, tiny matrices and
+    two spinning OpenMP threads make training several times slower."""
+
+    def __enter__(self):
+        self._threads = None
+        if keras.backend.backend() == "torch":
+            import torch
+
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self._threads is not None:
+            import torch
+
+            torch.set_num_threads(self._threads)
+
+
+def held_out_reversal(num_examples=128):
+    inputs, labels = reverse_task(num_examples, vocab_size=TOY_VOCAB_SIZE,
+                                  max_length=TOY_MAX_LENGTH, seed=2)
+    return inputs["source"], strip(labels)
+
+
+def test_trained_model_reverses_sequences_with_beam_search():
+    source, expected = held_out_reversal()
+    ids, scores = beam_search(trained_reverse_model(), source, BOS_ID, EOS_ID)
+    exact = np.mean([got == want for got, want in zip(strip(ids), expected)])
+    assert exact >= 0.85, f"only {exact:.0%} of held-out sequences reversed exactly"
+    assert np.all(scores <= 0)
+
+
+SEARCH_SCRIPT = """
+import sys, numpy as np, keras
+from keras_transformer.inference import beam_search
+model = keras.saving.load_model(sys.argv[1])
+source = np.load(sys.argv[2])
+ids, scores = beam_search(model, source, bos_id=1, eos_id=2, beam_size=4, alpha=0.6)
+np.savez(sys.argv[3], ids=ids, scores=scores)
+"""
+
+
+def test_same_weights_give_the_same_beam_search_under_every_backend(tmp_path):
+    model = trained_reverse_model()
+    source = held_out_reversal(32)[0]
+    ids, scores = beam_search(model, source, BOS_ID, EOS_ID, beam_size=4, alpha=0.6)
+    model_path, source_path = tmp_path / "model.keras", tmp_path / "source.npy"
+    model.save(model_path)
+    np.save(source_path, source)
+    # One subprocess per other backend, run side by side.
+    runs = {}
+    for backend in BACKENDS:
+        if backend == keras.backend.backend():
+            continue
+        out_path, log_path = tmp_path / f"search_{backend}.npz", tmp_path / f"{backend}.log"
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+                   PYTHONPATH=REPOSITORY + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-c", SEARCH_SCRIPT, str(model_path), str(source_path),
+                 str(out_path)],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        runs[backend] = (process, out_path, log_path)
+    try:
+        for backend, (process, out_path, log_path) in runs.items():
+            process.wait(timeout=300)
+            assert process.returncode == 0, f"{backend}: {log_path.read_text()[-3000:]}"
+            other = np.load(out_path)
+            np.testing.assert_array_equal(other["ids"], ids, err_msg=backend)
+            np.testing.assert_allclose(other["scores"], scores, atol=1e-4, err_msg=backend)
+    finally:
+        for process, _, _ in runs.values():
+            if process.poll() is None:
+                process.kill()

@@ -1,0 +1,153 @@
+"""Tests of the §6.1 Translator: text in, text out, in order, with defined edge cases."""
+
+import keras
+import numpy as np
+import pytest
+from test_decoding import (
+    TOY_MAX_LENGTH,
+    TOY_VOCAB_SIZE,
+    held_out_reversal,
+    trained_reverse_model,
+)
+
+import keras_transformer as kt
+from keras_transformer.inference import Translator, beam_search
+
+
+class CharTokenizer:
+    """One id per character, after the special ids (the toy tasks' layout by default)."""
+
+    def __init__(self, alphabet, pad_id=0, bos_id=1, eos_id=2):
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self._first = max(pad_id, bos_id, eos_id) + 1
+        self._alphabet = alphabet
+        self.vocab_size = self._first + len(alphabet)
+
+    def tokenize(self, texts):
+        return [[self._first + self._alphabet.index(c) for c in text] for text in texts]
+
+    def detokenize(self, id_lists):
+        return ["".join(self._alphabet[i - self._first] for i in ids if i >= self._first)
+                for ids in id_lists]
+
+
+TOY_ALPHABET = "abcdefg"[: TOY_VOCAB_SIZE - 3]
+
+
+def tiny_translator(alphabet="abcdefghij", **overrides):
+    tokenizer = CharTokenizer(alphabet)
+    config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, **overrides)
+    return Translator(kt.Transformer(config), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def translator():
+    """An untrained translator shared by the tests that do not change it. They all
+    decode with beam_size=2 and max_length=6, so JAX and TensorFlow compile one
+    search per batch shape for the whole module."""
+    keras.utils.set_random_seed(7)
+    return tiny_translator()
+
+
+SEARCH = {"beam_size": 2, "max_length": 6}
+
+
+def test_trained_model_translates_text_by_reversing_it():
+    tokenizer = CharTokenizer(TOY_ALPHABET)
+    translator = Translator(trained_reverse_model(), tokenizer)
+    source, _ = held_out_reversal()
+    texts = tokenizer.detokenize([[t for t in row if t > 2] for row in source])
+    translations, scores, ids = translator.translate(texts, return_scores=True, return_ids=True)
+    exact = np.mean([t == s[::-1] for t, s in zip(translations, texts)])
+    assert exact >= 0.85, f"only {exact:.0%} reversed: {list(zip(texts, translations))[:5]}"
+    # Text, ids and scores are the beam search's, back in input order.
+    search_ids, search_scores = beam_search(translator.model, source, 1, 2)
+    assert ids == [[int(t) for t in row if t != 0] for row in search_ids]
+    np.testing.assert_allclose(scores, search_scores, atol=1e-4)
+    assert max(len(t) for t in texts) <= TOY_MAX_LENGTH
+
+
+def test_results_come_back_in_input_order_whatever_the_batch_size(translator):
+    sentences = ["abc", "j", "hgfedcb", "cab", "jihgfe", "ee"]
+    together, together_scores = translator.translate(sentences, batch_size=6,
+                                                     return_scores=True, **SEARCH)
+    # Sorted by length, then decoded in batches of 2 with other neighbours.
+    in_pairs, pair_scores = translator.translate(sentences, batch_size=2,
+                                                 return_scores=True, **SEARCH)
+    assert in_pairs == together
+    assert len(set(np.round(together_scores, 3))) == len(sentences)
+    np.testing.assert_allclose(pair_scores, together_scores, atol=1e-4)
+
+
+def test_returned_ids_and_scores_match_the_texts(translator):
+    texts, scores, ids = translator.translate(["abc", "defg"], return_scores=True,
+                                              return_ids=True, **SEARCH)
+    assert isinstance(scores[0], float) and all(s <= 0 for s in scores)
+    assert all(0 < len(row) <= 6 and 0 not in row for row in ids)
+    assert texts == translator.tokenizer.detokenize(ids)
+    only_ids = translator.translate(["abc", "defg"], return_ids=True, **SEARCH)
+    assert only_ids == (texts, ids)
+
+
+def test_empty_sentence_translates_to_empty_text(translator):
+    texts, scores, ids = translator.translate(["", "abc", ""], return_scores=True,
+                                              return_ids=True, **SEARCH)
+    assert texts[0] == texts[2] == "" and ids[0] == ids[2] == []
+    assert scores[0] == scores[2] == 0.0
+    assert ids[1]
+    assert translator.translate([""]) == [""]
+    assert translator.translate([]) == []
+
+
+def test_separate_target_tokenizer_decodes_the_output():
+    source_tokenizer = CharTokenizer("abcdefghij")
+    target_tokenizer = CharTokenizer("XYZ", bos_id=2, eos_id=1)  # other special ids too
+    model = kt.Transformer(kt.TransformerConfig.tiny(
+        vocab_size=source_tokenizer.vocab_size, target_vocab_size=target_tokenizer.vocab_size,
+        share_embeddings=False,
+    ))
+    translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
+    assert translator.target_tokenizer is target_tokenizer
+    texts, ids = translator.translate(["abc", "jjj"], return_ids=True, **SEARCH)
+    assert all(set(text) <= set("XYZ") for text in texts)
+    assert all(0 < t < target_tokenizer.vocab_size and t != 2 for row in ids for t in row)
+    assert texts == target_tokenizer.detokenize([[t for t in row if t != 1] for row in ids])
+    with pytest.raises(ValueError, match=r"target_tokenizer.vocab_size=13 exceeds the "
+                                         r"model's vocabulary \(6 ids\)"):
+        Translator(model, source_tokenizer, target_tokenizer=source_tokenizer)
+
+
+def test_sentence_longer_than_the_model_accepts_is_refused():
+    translator = tiny_translator(max_length=16)
+    assert len(translator.source_ids(["a" * 15])[0]) == 16  # 15 tokens + EOS fit
+    with pytest.raises(ValueError, match=r"sentence 1 has 16 tokens \+ EOS = 17, the limit "
+                                         r"is max_length=16"):
+        translator.translate(["abc", "a" * 16], max_length=2)
+
+
+def test_progress_bar_when_verbose(translator, capsys):
+    translator.translate(["abc", "", "de"], batch_size=1, verbose=1, **SEARCH)
+    assert "3/3" in capsys.readouterr().out
+    translator.translate(["abc"], **SEARCH)
+    assert capsys.readouterr().out == ""
+
+
+def test_bad_inputs_are_explained(translator):
+    with pytest.raises(TypeError, match=r"wrap it in a list"):
+        translator.translate("abc")
+    with pytest.raises(TypeError, match=r"sentences\[1\] is a list"):
+        translator.translate(["abc", [4, 5]])
+    with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
+        translator.translate(["abc"], batch_size=0)
+    with pytest.raises(ValueError, match="beam_size=0 must be a positive integer"):
+        translator.translate([""], beam_size=0)
+    model = translator.model
+    with pytest.raises(TypeError, match=r"lacks vocab_size, detokenize\(\)"):
+        Translator(model, type("Half", (), {"pad_id": 0, "bos_id": 1, "eos_id": 2,
+                                            "tokenize": lambda self, texts: []})())
+    with pytest.raises(ValueError, match="tokenizer.pad_id=3 but the model pads with"):
+        Translator(model, CharTokenizer("abc", pad_id=3, bos_id=1, eos_id=2))
+    with pytest.raises(ValueError, match="exceeds the model's vocabulary"):
+        Translator(model, CharTokenizer("abcdefghijklmnopqrstuvwxyz"))
+    with pytest.raises(TypeError, match="needs a keras_transformer.Transformer"):
+        Translator(object(), translator.tokenizer)

@@ -1,0 +1,103 @@
+"""Tests of the figures: attention grids, positional encodings, learning-rate schedule."""
+
+import pathlib
+import struct
+
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer import plots
+from keras_transformer.inference import Translator
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path):
+    """(width, height) of a valid PNG file, after checking its signature."""
+    data = pathlib.Path(path).read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    assert len(data) > 10_000, f"{path} is only {len(data)} bytes"
+    return struct.unpack(">II", data[16:24])
+
+
+class CharTokenizer:
+    pad_id, bos_id, eos_id = 0, 1, 2
+    alphabet = "abcdefgh "
+    vocab_size = 3 + len(alphabet)
+
+    def tokenize(self, texts):
+        return [[3 + self.alphabet.index(c) for c in text] for text in texts]
+
+    def detokenize(self, id_lists):
+        return ["".join(self.alphabet[i - 3] for i in ids if i >= 3) for ids in id_lists]
+
+
+def tiny_model():
+    return kt.Transformer(kt.TransformerConfig.tiny(vocab_size=12))
+
+
+@pytest.mark.parametrize("attention", plots.ATTENTION_KINDS)
+def test_attention_grid_has_a_panel_per_layer_and_head(tmp_path, attention):
+    model = tiny_model()
+    source, output = [3, 4, 5, 6, 2], [7, 8, 9, 2]
+    everything = plots.plot_attention(model, source, output, tmp_path / "all.png", bos_id=1,
+                                      attention=attention)
+    one_layer = plots.plot_attention(model, source, output, tmp_path / "sub" / "one.png",
+                                     bos_id=1, attention=attention, layers=[1], heads=[0, 3],
+                                     source_labels=list("abcd") + ["</s>"])
+    assert everything == str(tmp_path / "all.png")
+    width, height = png_size(tmp_path / "all.png")
+    small_width, small_height = png_size(tmp_path / "sub" / "one.png")
+    # 2 layers x 4 heads against 1 layer x 2 heads.
+    assert width > 1.5 * small_width and height > 1.5 * small_height
+    assert one_layer.endswith("one.png")
+
+
+def test_translation_attention_writes_three_figures(tmp_path):
+    model = tiny_model()
+    bias = np.zeros(12, "float32")
+    bias[2] = -1e4  # no EOS: a four-token translation
+    model.target_embedding.output_bias.assign(bias)
+    translator = Translator(model, CharTokenizer())
+    paths = plots.plot_translation_attention(translator, "bad ", tmp_path, beam_size=2,
+                                             max_length=4, prefix="example")
+    assert sorted(paths) == sorted(plots.ATTENTION_KINDS)
+    for kind, path in paths.items():
+        assert path.endswith(f"example_{kind}.png")
+        png_size(tmp_path / f"example_{kind}.png")
+    labels = plots.token_labels(translator.tokenizer, [4, 11, 2, 1])
+    assert labels == ["b", "␣", "</s>", "<s>"]
+
+
+def test_position_encoding_figure(tmp_path):
+    path = plots.plot_position_encoding(tmp_path / "pe.png", length=50, d_model=64)
+    width, height = png_size(tmp_path / "pe.png")
+    assert path == str(tmp_path / "pe.png") and width > height
+
+
+def test_learning_rate_figure_compares_schedules(tmp_path):
+    path = plots.plot_learning_rate(tmp_path / "lr.png", d_model=[512, 256],
+                                    warmup_steps=4000, num_steps=10000)
+    png_size(tmp_path / "lr.png")
+    assert path == str(tmp_path / "lr.png")
+
+
+def test_bad_plot_arguments_are_explained(tmp_path):
+    model = tiny_model()
+    with pytest.raises(ValueError, match="attention='self' must be one of"):
+        plots.plot_attention(model, [3, 2], [4, 2], tmp_path / "x.png", 1, attention="self")
+    with pytest.raises(ValueError, match="output_ids is empty"):
+        plots.plot_attention(model, [3, 2], [], tmp_path / "x.png", 1, attention="cross")
+    with pytest.raises(ValueError, match=r"layers=\[2\] must be"):
+        plots.plot_attention(model, [3, 2], [4, 2], tmp_path / "x.png", 1, layers=[2])
+    with pytest.raises(ValueError, match="source_labels has 1 labels for 2 ids"):
+        plots.plot_attention(model, [3, 2], [4, 2], tmp_path / "x.png", 1, source_labels=["a"])
+    with pytest.raises(ValueError, match="1-D sequence"):
+        plots.plot_attention(model, np.ones((2, 2), "int32"), [4, 2], tmp_path / "x.png", 1)
+    with pytest.raises(ValueError, match=r"dimensions \[64\] are outside"):
+        plots.plot_position_encoding(tmp_path / "x.png", d_model=64, dimensions=[64])
+    with pytest.raises(ValueError, match="num_steps=0 must be a positive integer"):
+        plots.plot_learning_rate(tmp_path / "x.png", num_steps=0)
+    assert not (tmp_path / "x.png").exists()

@@ -269,13 +269,7 @@ class Transformer(keras.Model):
                 new_caches.append(extras.pop(0))
             if return_attention_scores:
                 scores.append(extras.pop(0))
-        if self.decoder_norm is not None:
-            x = self.decoder_norm(x)
-
-        if self.output_projection is None:
-            logits = self.target_embedding(x, reverse=True)
-        else:
-            logits = ops.cast(self.output_projection(x), "float32")
+        logits = self.project_outputs(x)
 
         results = [logits]
         if cache is not None:
@@ -283,6 +277,16 @@ class Transformer(keras.Model):
         if return_attention_scores:
             results.append(scores)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def project_outputs(self, decoder_outputs):
+        """The decoder stack's last LayerNorm (pre-norm only) and the pre-softmax
+        projection (§3.4): (batch, T, d_model) → (batch, T, vocab) float32 logits."""
+        x = decoder_outputs
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        if self.output_projection is None:
+            return self.target_embedding(x, reverse=True)
+        return ops.cast(self.output_projection(x), "float32")
 
     def call(self, inputs, training=None):
         source_ids, target_ids = _split_inputs(inputs)

@@ -106,3 +106,18 @@ def run_layer_test(
             for weight in mixed.weights:
                 assert keras.backend.standardize_dtype(weight.dtype) == "float32"
     return layer, outputs
+
+
+class CharTokenizer:
+    """A character tokenizer over "abcdefgh " with the tokenizer protocol of
+    keras_transformer.inference (pad 0, begin 1, end 2), for decoding tests."""
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+    alphabet = "abcdefgh "
+    vocab_size = 3 + len(alphabet)
+
+    def tokenize(self, texts):
+        return [[3 + self.alphabet.index(c) for c in text] for text in texts]
+
+    def detokenize(self, id_lists):
+        return ["".join(self.alphabet[i - 3] for i in ids if i >= 3) for ids in id_lists]

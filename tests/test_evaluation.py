@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import sacrebleu
+from helpers import CharTokenizer
 
 import keras_transformer as kt
 from keras_transformer.evaluation import EvaluationResult, bleu_scores, evaluate
@@ -21,18 +22,6 @@ class FixedTranslator:
         texts = [self.translations[s] for s in sentences]
         ids = [[7] * (len(t.split()) + 1) for t in texts]
         return (texts, ids) if return_ids else texts
-
-
-class CharTokenizer:
-    pad_id, bos_id, eos_id = 0, 1, 2
-    alphabet = "abcdefgh "
-    vocab_size = 3 + len(alphabet)
-
-    def tokenize(self, texts):
-        return [[3 + self.alphabet.index(c) for c in text] for text in texts]
-
-    def detokenize(self, id_lists):
-        return ["".join(self.alphabet[i - 3] for i in ids if i >= 3) for ids in id_lists]
 
 
 SOURCES = ["ein Mann", "zwei Hunde", "eine Frau"]

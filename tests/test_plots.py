@@ -5,6 +5,7 @@ import struct
 
 import numpy as np
 import pytest
+from helpers import CharTokenizer
 
 import keras_transformer as kt
 from keras_transformer import plots
@@ -20,18 +21,6 @@ def png_size(path):
     assert data[12:16] == b"IHDR"
     assert len(data) > 10_000, f"{path} is only {len(data)} bytes"
     return struct.unpack(">II", data[16:24])
-
-
-class CharTokenizer:
-    pad_id, bos_id, eos_id = 0, 1, 2
-    alphabet = "abcdefgh "
-    vocab_size = 3 + len(alphabet)
-
-    def tokenize(self, texts):
-        return [[3 + self.alphabet.index(c) for c in text] for text in texts]
-
-    def detokenize(self, id_lists):
-        return ["".join(self.alphabet[i - 3] for i in ids if i >= 3) for ids in id_lists]
 
 
 def tiny_model():

@@ -141,13 +141,7 @@ def decode_step(model, token_ids, index, self_attention_caches, cross_caches,
             training=False,
         )
         updated.append(self_cache)
-    if model.decoder_norm is not None:
-        x = model.decoder_norm(x)
-    if model.output_projection is None:
-        logits = model.target_embedding(x, reverse=True)
-    else:
-        logits = ops.cast(model.output_projection(x), "float32")
-    return logits[:, 0, :], updated
+    return model.project_outputs(x)[:, 0, :], updated
 
 
 def greedy_search(model, source_ids, bos_id, eos_id, max_length=None):

@@ -144,3 +144,15 @@ def test_average_command_writes_the_mean_model(tmp_path):
         kt.Transformer(config).save(run_dir / "checkpoints" / f"step-{step:07d}.keras")
     average.main(["--run-dir", str(run_dir), "--last", "2"])
     assert (run_dir / "model_averaged.keras").exists()
+
+
+def test_wmt14_smoke_run_with_mocked_tensorflow_datasets(tmp_path):
+    """The WMT14 recipe end to end, on tensorflow-datasets' mock data (no download)."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=40):
+        results = wmt14.main([
+            "--config", "base", "--run-dir", str(tmp_path / "run"), "--steps", "2",
+            "--checkpoint-every", "2", "--vocab-size", "60", "--eval-limit", "2",
+            "--max-length", "64", "--tokens-per-batch", "512", *TINY_MODEL,
+        ])
+    assert results["recipe"] == "wmt14-base" and results["steps"] == 2

@@ -36,10 +36,7 @@ def main(argv=None):
     splits = load_tatoeba(args.data, direction, languages=("en", args.language),
                           validation_fraction=args.validation_fraction,
                           test_fraction=args.test_fraction, seed=args.seed)
-    if args.train_limit:
-        train = splits["train"]
-        splits["train"] = train._replace(sources=train.sources[: args.train_limit],
-                                         targets=train.targets[: args.train_limit])
+    splits["train"] = common.limit_pairs(splits["train"], args.train_limit)
     if args.run_dir == "runs/anki":
         args.run_dir = f"runs/anki-{direction}"
     return common.run(args, splits, f"anki-{direction}")

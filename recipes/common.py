@@ -85,6 +85,13 @@ def build_parser(name, description, defaults):
     return parser
 
 
+def limit_pairs(corpus, limit):
+    """The first `limit` pairs of a ParallelCorpus (all of them for None)."""
+    if not limit:
+        return corpus
+    return corpus._replace(sources=corpus.sources[:limit], targets=corpus.targets[:limit])
+
+
 def check_args(parser, args):
     """Rejects impossible values with one line instead of a traceback later."""
     for name in ("steps", "checkpoint_every", "keep_checkpoints", "vocab_size", "max_length",
@@ -147,7 +154,7 @@ def run(args, splits, name):
     import keras_transformer as kt
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import fit_steps, list_checkpoints
-    from keras_transformer.training.pipeline import count_batches, make_dataset
+    from keras_transformer.training.pipeline import make_dataset
 
     keras.utils.set_random_seed(args.seed)
     keras.config.set_dtype_policy(args.precision)
@@ -161,8 +168,8 @@ def run(args, splits, name):
     source_tokenizer, target_tokenizer = load_or_train_tokenizers(args, train)
     dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
                         max_length=args.max_length, tokens_per_batch=args.tokens_per_batch)
-    train_dataset, _ = make_dataset(train.sources, train.targets, repeat=True,
-                                    seed=args.seed, **dataset_args)
+    train_dataset, train_stats = make_dataset(train.sources, train.targets, repeat=True,
+                                              seed=args.seed, **dataset_args)
     validation_dataset = None
     if validation.sources:
         validation_dataset, _ = make_dataset(validation.sources, validation.targets,
@@ -170,9 +177,7 @@ def run(args, splits, name):
 
     total_steps = args.steps
     if total_steps is None:
-        one_pass, _ = make_dataset(train.sources, train.targets, shuffle=False, verbose=False,
-                                   **dataset_args)
-        batches = count_batches(one_pass)
+        batches = train_stats.batches_per_pass
         total_steps = max(1, int(round(args.epochs * batches)))
         print(f"Steps: {args.epochs} epochs x {batches} batches = {total_steps} steps")
 

@@ -29,11 +29,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     common.check_args(parser, args)
     splits = load_multi30k(args.data_dir, args.direction)
-    if args.train_limit:
-        splits["train"] = splits["train"]._replace(
-            sources=splits["train"].sources[: args.train_limit],
-            targets=splits["train"].targets[: args.train_limit],
-        )
+    splits["train"] = common.limit_pairs(splits["train"], args.train_limit)
     if args.run_dir == "runs/multi30k":
         args.run_dir = f"runs/multi30k-{args.direction}"
     return common.run(args, splits, f"multi30k-{args.direction}")

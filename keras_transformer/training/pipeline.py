@@ -23,7 +23,8 @@ OVERLONG_POLICIES = ("drop", "truncate")
 
 @dataclasses.dataclass
 class PipelineStats:
-    """What the pipeline did with the pairs it was given."""
+    """What the pipeline did with the pairs it was given, and the batches one
+    pass over them makes."""
 
     pairs: int = 0
     kept: int = 0
@@ -32,6 +33,7 @@ class PipelineStats:
     dropped_empty: int = 0
     source_tokens: int = 0
     target_tokens: int = 0
+    batches_per_pass: int = 0
 
     def summary(self):
         return (
@@ -157,6 +159,8 @@ def make_dataset(
             "and max_length."
         )
     boundaries, batch_sizes, _ = bucket_plan(max_length, tokens_per_batch, bucket_width)
+    stats.batches_per_pass = _batches_per_pass(encoded_sources, encoded_targets, boundaries,
+                                               batch_sizes)
     decoder_inputs = [t[:-1] for t in encoded_targets]
     labels = [t[1:] for t in encoded_targets]
     dataset = tf.data.Dataset.from_tensor_slices((
@@ -182,13 +186,16 @@ def make_dataset(
         num_parallel_calls=tf.data.AUTOTUNE,
     )
     if not shuffle and not repeat:
-        # Bucketing hides the length from tf.data; a fixed order has a fixed
-        # number of batches, and telling Keras spares it a first pass that
-        # ends in an "ran out of data" warning.
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count_batches(dataset)))
+        # Bucketing hides the length from tf.data; telling Keras spares it a
+        # first pass that ends in an "ran out of data" warning.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(stats.batches_per_pass))
     return dataset.prefetch(tf.data.AUTOTUNE), stats
 
 
-def count_batches(dataset):
-    """Number of batches in one pass of a finite dataset."""
-    return int(dataset.reduce(np.int64(0), lambda count, _: count + 1).numpy())
+def _batches_per_pass(encoded_sources, encoded_targets, boundaries, batch_sizes):
+    """Batches in one pass: each bucket yields ceil(pairs / batch size) of them,
+    whatever the order of the pairs."""
+    lengths = [max(len(s), len(t) - 1) for s, t in zip(encoded_sources, encoded_targets)]
+    buckets = np.searchsorted(boundaries, lengths, side="right")
+    counts = np.bincount(buckets, minlength=len(batch_sizes))
+    return int(sum(-(-count // size) for count, size in zip(counts, batch_sizes)))

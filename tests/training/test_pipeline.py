@@ -47,11 +47,13 @@ def test_batches_respect_the_token_budget_and_cover_every_pair(corpus_and_tokeni
     dataset, stats = make_dataset(corpus.sources, corpus.targets, tokenizer, max_length=24,
                                   tokens_per_batch=200, verbose=False)
     seen = 0
-    for x, y in batches(dataset):
+    produced = batches(dataset)
+    for x, y in produced:
         assert x["source"].size <= 200 and x["target"].size <= 200
         assert x["source"].shape[1] in bucket_plan(24, 200)[2]
         seen += len(y)
     assert seen == stats.kept == 600
+    assert len(produced) == stats.batches_per_pass
 
 
 def test_overlong_pairs_are_dropped_or_truncated_and_counted(corpus_and_tokenizer):

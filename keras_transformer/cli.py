@@ -1,4 +1,4 @@
-"""The `keras-transformer` command: translate, evaluate, plot and average.
+"""The `keras-transformer` command: translate, evaluate, plot, average, export and serve.
 
     keras-transformer translate runs/quickstart "kave tomi tozu"
     keras-transformer evaluate runs/multi30k-de-en --source test.de --reference test.en
@@ -6,6 +6,8 @@
     keras-transformer plot positions --output plots/positions.png
     keras-transformer plot schedule --output plots/schedule.png
     keras-transformer average --run-dir runs/multi30k-de-en --last 5
+    keras-transformer export runs/quickstart saved_models/quickstart
+    keras-transformer serve saved_models/quickstart --port 8501
 
 Training lives in the recipes (`python -m recipes.NAME --help`). A MODEL argument
 is a `.keras` file with its tokenizer beside it, or a run directory (its
@@ -80,6 +82,20 @@ def _average(args):
     print(f"Averaged {len(paths)} checkpoints into {output}")
 
 
+def _export(args):
+    from keras_transformer.export import main_from_args
+
+    main_from_args(args)
+
+
+def _serve(args):
+    from keras_transformer.serving import serve
+
+    serve(args.saved_model, host=args.host, port=args.port, name=args.name,
+          max_instances=args.max_instances, max_chars=args.max_chars,
+          max_body_bytes=args.max_body_bytes)
+
+
 def _positive_int(text):
     value = int(text)
     if value <= 0:
@@ -145,6 +161,30 @@ def build_parser():
                          help="with --run-dir: how many of the newest checkpoints")
     average.add_argument("--output", help="where to write the averaged model")
     average.set_defaults(run=_average)
+
+    from keras_transformer import export, serving
+
+    export_command = commands.add_parser(
+        "export", help="write a TensorFlow SavedModel (strings in, translations out) to "
+                       "EXPORT_BASE/VERSION/")
+    export.build_parser(export_command)
+    export_command.set_defaults(run=_export)
+
+    serve = commands.add_parser(
+        "serve", help="serve a SavedModel over HTTP with TensorFlow Serving's REST API")
+    serve.add_argument("saved_model", help="saved_models/NAME (its highest version is served)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind; 0.0.0.0 exposes the server to the network")
+    serve.add_argument("--port", type=int, default=serving.DEFAULT_PORT,
+                       help="port (TensorFlow Serving's REST default; 0 picks a free one)")
+    serve.add_argument("--name", help="model name in the URL (default: the directory's name)")
+    serve.add_argument("--max-instances", type=_positive_int,
+                       default=serving.DEFAULT_MAX_INSTANCES, help="sentences per request")
+    serve.add_argument("--max-chars", type=_positive_int, default=serving.DEFAULT_MAX_CHARS,
+                       help="characters per sentence")
+    serve.add_argument("--max-body-bytes", type=_positive_int,
+                       default=serving.DEFAULT_MAX_BODY_BYTES, help="request body size limit")
+    serve.set_defaults(run=_serve)
     return parser
 
 
@@ -155,7 +195,7 @@ def main(argv=None):
         parser.error("average: give either checkpoint files or --run-dir")
     try:
         args.run(args)
-    except (FileNotFoundError, ValueError, TypeError) as error:
+    except (FileNotFoundError, FileExistsError, ValueError, TypeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -8,7 +8,8 @@ A recipe supplies its corpus and its defaults; `run` does the rest:
 4. `model.fit` for the requested steps with checkpoints, BackupAndRestore,
    TensorBoard and CSV logs (see keras_transformer/training/fit.py),
 5. save `model.keras` with `tokenizer/` beside it, average the last
-   checkpoints (§6.1), and evaluate on the test split with beam search.
+   checkpoints (§6.1), and evaluate on the test split with beam search,
+6. with `--export-dir`, export `model.keras` as a TensorFlow SavedModel.
 
 Run it again with the same command after a crash: it resumes.
 """
@@ -81,6 +82,12 @@ def build_parser(name, description, defaults):
     evaluation.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
     evaluation.add_argument("--eval-limit", type=int,
                             help="evaluate on only the first N test sentences")
+    evaluation.add_argument("--export-dir",
+                            help="also export model.keras as a TensorFlow SavedModel to "
+                                 "EXPORT_DIR/VERSION/ (the next free version), e.g. "
+                                 "saved_models/NAME; serve it with keras-transformer serve")
+    evaluation.add_argument("--no-export", action="store_true",
+                            help="skip the SavedModel export even if --export-dir is set")
     parser.set_defaults(**defaults)
     return parser
 
@@ -216,6 +223,11 @@ def run(args, splits, name):
                "train_seconds": round(train_seconds, 1), "parameters": model.count_params()}
     if test.sources:
         results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
+    if args.export_dir and not args.no_export:
+        from keras_transformer.export import export_saved_model
+
+        results["saved_model"] = export_saved_model(
+            model_path, args.export_dir, beam_size=args.beam_size, alpha=args.alpha)
     with open(os.path.join(args.run_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     return results

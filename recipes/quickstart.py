@@ -5,10 +5,12 @@ The task (keras_transformer/training/data.py: `synthetic_translation`) is a
 made-up language pair: 132 source words, a one-to-one dictionary, and a target
 word order that reverses the source, so every output word must attend to a
 different source position. The recipe learns a SentencePiece vocabulary,
-trains, saves `runs/quickstart/model.keras` with its tokenizer, and reports
-exact-match accuracy and BLEU of beam search on held-out sentences.
+trains, saves `runs/quickstart/model.keras` with its tokenizer, reports
+exact-match accuracy and BLEU of beam search on held-out sentences, and
+exports a TensorFlow SavedModel to `saved_models/quickstart/VERSION/` (version 1
+on the first run, the next free version after that).
 
-    python -m recipes.quickstart [--steps 1250] [--precision float32]
+    python -m recipes.quickstart [--steps 1250] [--precision float32] [--no-export]
 """
 
 from keras_transformer.training.data import synthetic_translation
@@ -18,6 +20,7 @@ DEFAULTS = dict(
     preset="tiny", d_model=128, num_heads=4, d_ff=256, num_layers=2, dropout_rate=0.0,
     label_smoothing=0.1, warmup_steps=200, vocab_size=320, max_length=32,
     tokens_per_batch=2048, steps=1250, checkpoint_every=250,
+    export_dir="saved_models/quickstart",
 )
 
 

@@ -41,8 +41,13 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
     results = quickstart.main([
         "--run-dir", run_dir, "--steps", "6", "--checkpoint-every", "3",
         "--train-pairs", "200", "--test-pairs", "8", "--vocab-size", "320", *TINY_MODEL,
+        "--export-dir", str(tmp_path / "saved_models" / "quickstart"),
     ])
     assert results["steps"] == 6 and results["backend"] == keras.backend.backend()
+    # The SavedModel lands in the TF Serving layout, version 1 on a first export.
+    assert results["saved_model"] == str(tmp_path / "saved_models" / "quickstart" / "1")
+    assert os.listdir(tmp_path / "saved_models" / "quickstart") == ["1"]
+    assert os.path.exists(os.path.join(results["saved_model"], "saved_model.pb"))
     for name in ("model.keras", "model_averaged.keras", "tokenizer/tokenizer.json",
                  "checkpoints/step-0000003.keras", "checkpoints/step-0000006.keras",
                  "training_log.csv", "results.json", "test_hypotheses.txt"):
@@ -58,6 +63,7 @@ def test_quickstart_smoke_run_in_mixed_precision(tmp_path, precision):
     results = quickstart.main([
         "--run-dir", str(tmp_path / "run"), "--steps", "3", "--checkpoint-every", "3",
         "--train-pairs", "100", "--test-pairs", "4", "--precision", precision, *TINY_MODEL,
+        "--no-export",
     ])
     assert results["steps"] == 3
 
@@ -105,7 +111,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     run_dir = str(tmp_path / "run")
     command = [sys.executable, "-m", "recipes.quickstart", "--run-dir", run_dir,
                "--steps", "400", "--checkpoint-every", "20", "--train-pairs", "300",
-               "--test-pairs", "4", *TINY_MODEL]
+               "--test-pairs", "4", "--no-export", *TINY_MODEL]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     process = subprocess.Popen(command, cwd=REPOSITORY, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

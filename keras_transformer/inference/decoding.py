@@ -18,7 +18,10 @@ time:
 
 Every shape is fixed before the loop (the output buffer has room for the
 longest allowed hypothesis), so the loop is a `keras.ops.while_loop` that
-compiles with `jax.jit` and `tf.function(jit_compile=True)`. On PyTorch it runs
+compiles with `jax.jit` and `tf.function(jit_compile=True)`. Sizes are read
+with `ops.shape`, so the same loops also trace with an unknown batch size and
+source width (the SavedModel of `keras_transformer.export`, where XLA fixes
+them per input shape). On PyTorch it runs
 eagerly under `torch.no_grad()`. Compiled functions are cached per model and
 per search setting; JAX and TensorFlow then reuse them for every batch of the
 same shape.
@@ -240,7 +243,7 @@ def _masked_log_probs(logits, pad_id, bos_id):
 
 def _greedy_loop(model, source_ids, limits, special_ids, alpha, options):
     pad_id = model.config.pad_id
-    batch_size, buffer_length = source_ids.shape[0], options.buffer_length
+    batch_size, buffer_length = ops.shape(source_ids)[0], options.buffer_length
     encoded, source_mask = model.encode(source_ids, training=False)
     cross = cross_attention_caches(model, encoded)
     caches = initial_self_attention_caches(model, batch_size, buffer_length)
@@ -283,7 +286,7 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, options):
     pad_id = model.config.pad_id
     beam_size = options.beam_size
     bos_id, eos_id = special_ids[0], special_ids[1]
-    batch_size, buffer_length = source_ids.shape[0], options.buffer_length
+    batch_size, buffer_length = ops.shape(source_ids)[0], options.buffer_length
     width = buffer_length + 1  # BOS + the longest hypothesis
     flat_size = batch_size * beam_size
 
@@ -312,7 +315,7 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, options):
 
     def gather_beams(tensor, beam_indices):
         """tensor[b, beam_indices[b, j]] for (batch, beam, ...) tensors."""
-        flat = ops.reshape(tensor, (flat_size, *tensor.shape[2:]))
+        flat = ops.reshape(tensor, (flat_size, *ops.shape(tensor)[2:]))
         return ops.take(flat, beam_indices + batch_offsets, axis=0)
 
     def cond(index, alive_sequences, alive_log_probs, finished_sequences,

@@ -12,7 +12,8 @@ import keras
 import pytest
 from test_data_paths import shared_data
 
-from recipes import anki, average, multi30k, quickstart, wmt14
+import keras_transformer as kt
+from recipes import anki, average, multi30k, quickstart, table3, wmt14
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
@@ -24,15 +25,17 @@ def read_log(run_dir):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("recipe", [quickstart, multi30k, anki, wmt14, average])
+@pytest.mark.parametrize("recipe", [quickstart, multi30k, anki, wmt14, average, table3])
 def test_help_explains_every_option(recipe, capsys):
     with pytest.raises(SystemExit) as exit_info:
         recipe.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert "usage: " in text
-    for option in ("--run-dir", "--precision", "--steps", "--epochs", "--checkpoint-every") \
-            if recipe is not average else ("--last", "--output"):
+    options = {average: ("--last", "--output"),
+               table3: ("--run-dir", "--variants", "--minutes", "--max-steps")}.get(
+        recipe, ("--run-dir", "--precision", "--steps", "--epochs", "--checkpoint-every"))
+    for option in options:
         assert option in text
 
 
@@ -86,6 +89,48 @@ def test_anki_smoke_run_reads_the_real_file(tmp_path):
         "--max-length", "32", "--tokens-per-batch", "512", *TINY_MODEL,
     ])
     assert results["recipe"] == "anki-en-es"
+
+
+def test_table3_smoke_run_tabulates_the_variants_and_skips_finished_ones(tmp_path):
+    data_dir = shared_data("multi30k")
+    run_dir = tmp_path / "table3"
+    arguments = [
+        "--data-dir", data_dir, "--run-dir", str(run_dir), "--train-limit", "200",
+        "--variants", "base,heads1", "--max-steps", "2",
+        "--checkpoint-every", "2", "--eval-limit", "2", "--vocab-size", "400", "--d-model", "32",
+        "--d-ff", "64", "--num-layers", "1", "--num-heads", "2", "--beam-size", "1",
+        "--max-length", "48", "--tokens-per-batch", "512", "--verbose", "0",
+    ]
+    rows = table3.main(arguments)
+    assert [row["variant"] for row in rows] == ["base", "heads1"]
+    assert [(row["h"], row["d_k"]) for row in rows] == [(2, 16), (1, 32)]
+    assert all(row["steps"] == 2 and row["dev_perplexity"] > 1 for row in rows)
+    table = (run_dir / "results.md").read_text()
+    assert len(table.splitlines()) == 2 + 2 and "| heads1 | A | 1 | 32 |" in table
+    assert (run_dir / "results.png").stat().st_size > 0
+    # Finished variants are read back, not trained again.
+    assert table3.main(arguments) == rows
+
+
+def test_table3_variants_follow_the_paper_rows():
+    base = kt.TransformerConfig.small(vocab_size=100)
+    sizes = {name: table3.variant_config(base, overrides)
+             for name, (_, overrides) in table3.VARIANTS.items()}
+    # (A): h · d_k = d_model, constant compute.
+    assert [(sizes[n].num_heads, sizes[n].resolved_key_dim)
+            for n in ("heads1", "base", "heads8", "heads16")] == [(1, 256), (4, 64), (8, 32),
+                                                                  (16, 16)]
+    assert sizes["key_dim_half"].resolved_key_dim == 32
+    assert sizes["d_model_double"].d_model == 512 and sizes["d_model_double"].resolved_key_dim == 128
+    assert sizes["dropout0"].dropout_rate == 0.0 and sizes["no_label_smoothing"].label_smoothing == 0
+    assert sizes["learned_positions"].position_encoding == "learned"
+    assert sizes["layers4"].num_layers == 4 and sizes["d_ff_half"].d_ff == 512
+
+
+def test_table3_rejects_unknown_variants(capsys):
+    with pytest.raises(SystemExit):
+        table3.main(["--variants", "base,heads3"])
+    assert "unknown variant(s) ['heads3']" in capsys.readouterr().err
 
 
 def test_recipe_user_errors_print_one_line_and_exit_2(tmp_path):

@@ -22,6 +22,7 @@ Run directory layout:
 import glob
 import os
 import re
+import time
 
 import keras
 
@@ -66,6 +67,33 @@ class StepCheckpoint(keras.callbacks.Callback):
         if self.keep:
             for old in list_checkpoints(self.directory)[: -self.keep]:
                 os.remove(old)
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops `model.fit` once `seconds` of training have passed.
+
+    Checked after every batch, so training overruns by at most one step. Used
+    by `recipes/table3.py` to give every variant the same training time.
+
+    Args:
+        seconds: The budget, counted from the start of this `fit` call.
+    """
+
+    def __init__(self, seconds):
+        super().__init__()
+        if not seconds > 0:
+            raise ValueError(f"seconds={seconds!r} must be a positive number.")
+        self.seconds = float(seconds)
+        self.exhausted = False
+        self._start = None
+
+    def on_train_begin(self, logs=None):
+        self._start = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if time.monotonic() - self._start >= self.seconds:
+            self.exhausted = True
+            self.model.stop_training = True
 
 
 def fit_steps(
@@ -117,4 +145,5 @@ def fit_steps(
         validation_data=validation_dataset,
         callbacks=callbacks,
         verbose=verbose,
+        shuffle=False,  # the tf.data pipeline shuffles; Keras cannot shuffle a dataset
     )

@@ -5,6 +5,7 @@
     keras-transformer plot attention runs/quickstart "kave tomi tozu" --output-dir plots
     keras-transformer plot positions --output plots/positions.png
     keras-transformer plot schedule --output plots/schedule.png
+    keras-transformer plot training runs/multi30k-de-en runs/multi30k-en-de --steps-per-window 200
     keras-transformer average --run-dir runs/multi30k-de-en --last 5
     keras-transformer export runs/quickstart saved_models/quickstart
     keras-transformer serve saved_models/quickstart --port 8501
@@ -58,6 +59,9 @@ def _plot(args):
     elif args.figure == "schedule":
         print(plots.plot_learning_rate(args.output, d_model=args.d_model,
                                        warmup_steps=args.warmup_steps, num_steps=args.num_steps))
+    elif args.figure == "training":
+        runs = {os.path.basename(os.path.normpath(run)): run for run in args.runs}
+        print(plots.plot_training_log(args.output, runs, steps_per_window=args.steps_per_window))
     else:
         paths = plots.plot_translation_attention(
             _translator(args.model), args.sentence, args.output_dir,
@@ -152,6 +156,11 @@ def build_parser():
     schedule.add_argument("--d-model", type=_positive_int, default=512, help="model width")
     schedule.add_argument("--warmup-steps", type=_positive_int, default=4000, help="warmup steps")
     schedule.add_argument("--num-steps", type=_positive_int, default=20000, help="steps drawn")
+    training = figures.add_parser("training", help="loss and accuracy curves of recipe runs")
+    training.add_argument("runs", nargs="+", help="run directories (or training_log.csv files)")
+    training.add_argument("--output", default="plots/training.png", help="PNG file")
+    training.add_argument("--steps-per-window", type=_positive_int,
+                          help="the runs' --checkpoint-every, to count optimizer steps")
     plot.set_defaults(run=_plot)
 
     average = commands.add_parser("average", help="average checkpoints into one model (§6.1)")

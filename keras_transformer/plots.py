@@ -298,6 +298,85 @@ def plot_learning_rate(path, d_model=512, warmup_steps=4000, num_steps=20000, sc
     return _save(figure, path)
 
 
+def plot_training_log(path, runs, steps_per_window=None):
+    """Draws training curves from the recipes' `training_log.csv` files.
+
+    One row of a log is one checkpoint window: training loss and token
+    accuracy over the window, and validation loss and accuracy at its end.
+
+    Args:
+        path: PNG file to write; parent folders are created.
+        runs: {label: run directory (or training_log.csv path)}, one curve each.
+        steps_per_window: The runs' `--checkpoint-every`, to label the
+            horizontal axis in optimizer steps; None counts windows.
+
+    Returns:
+        `path`.
+
+    Example:
+
+    >>> plot_training_log("curves.png", {"de-en": "runs/multi30k-de-en"}, steps_per_window=200)
+    'curves.png'
+    """
+    import csv
+
+    if not runs:
+        raise ValueError("runs is empty: pass {label: run directory}.")
+    figure = _figure(figsize=(12, 4.5))
+    loss_axes, accuracy_axes = figure.subplots(1, 2)
+    for label, run in runs.items():
+        log_path = os.path.join(run, "training_log.csv") if os.path.isdir(run) else run
+        if not os.path.exists(log_path):
+            raise FileNotFoundError(f"No training log at {log_path!r}: a recipe writes "
+                                    "RUN_DIR/training_log.csv.")
+        with open(log_path) as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            raise ValueError(f"{log_path!r} has no rows yet.")
+        windows = np.array([int(row["epoch"]) + 1 for row in rows])
+        x = windows * steps_per_window if steps_per_window else windows
+        for axes, key, name in ((loss_axes, "loss", "loss"),
+                                (accuracy_axes, "token_accuracy", "token accuracy")):
+            line, = axes.plot(x, [float(row[key]) for row in rows], label=f"{label} train")
+            if rows[0].get("val_" + key):
+                axes.plot(x, [float(row["val_" + key]) for row in rows], "--",
+                          color=line.get_color(), label=f"{label} validation")
+            axes.set_ylabel(name)
+    for axes in (loss_axes, accuracy_axes):
+        axes.set_xlabel("optimizer step" if steps_per_window else "checkpoint window")
+        axes.grid(alpha=0.3)
+        axes.legend()
+    loss_axes.set_title("label-smoothed cross-entropy per target token")
+    accuracy_axes.set_title("next-token accuracy (teacher forcing)")
+    return _save(figure, path)
+
+
+def plot_variants(path, rows, title="Table 3 variants"):
+    """Bar charts of dev BLEU and perplexity per variant (rows of recipes/table3.py).
+
+    Args:
+        path: PNG file to write.
+        rows: dicts with "variant", "dev_bleu" and "dev_perplexity".
+        title: Figure title.
+
+    Returns:
+        `path`.
+    """
+    if not rows:
+        raise ValueError("rows is empty: nothing to draw.")
+    figure = _figure(figsize=(10, 0.4 * len(rows) + 1.5))
+    bleu_axes, perplexity_axes = figure.subplots(1, 2, sharey=True)
+    labels = [row["variant"] for row in rows]
+    bleu_axes.barh(labels, [row["dev_bleu"] for row in rows], color="tab:blue")
+    bleu_axes.set_xlabel("dev BLEU (13a, cased)")
+    perplexity_axes.barh(labels, [row["dev_perplexity"] for row in rows], color="tab:orange")
+    perplexity_axes.set_xlabel("dev perplexity per subword token")
+    bleu_axes.invert_yaxis()
+    figure.suptitle(title)
+    figure.tight_layout()
+    return _save(figure, path)
+
+
 # Drawing helpers.
 
 

@@ -244,22 +244,10 @@ def _write_results(run_dir, rows):
         json.dump(rows, f, indent=2)
     with open(os.path.join(run_dir, "results.md"), "w") as f:
         f.write(_markdown(rows) + "\n")
-    import matplotlib
+    from keras_transformer.plots import plot_variants
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 2, figsize=(10, 0.4 * len(rows) + 1.5), sharey=True)
-    labels = [row["variant"] for row in rows]
-    axes[0].barh(labels, [row["dev_bleu"] for row in rows], color="tab:blue")
-    axes[0].set_xlabel("dev BLEU (13a, cased)")
-    axes[1].barh(labels, [row["dev_perplexity"] for row in rows], color="tab:orange")
-    axes[1].set_xlabel("dev perplexity per subword")
-    axes[0].invert_yaxis()
-    figure.suptitle("Table 3 variants on Multi30k, equal training time each")
-    figure.tight_layout()
-    figure.savefig(os.path.join(run_dir, "results.png"), dpi=100)
-    plt.close(figure)
+    plot_variants(os.path.join(run_dir, "results.png"), rows,
+                  title="Table 3 variants on Multi30k, equal training time each")
 
 
 if __name__ == "__main__":

@@ -90,3 +90,25 @@ def test_bad_plot_arguments_are_explained(tmp_path):
     with pytest.raises(ValueError, match="num_steps=0 must be a positive integer"):
         plots.plot_learning_rate(tmp_path / "x.png", num_steps=0)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_training_curves_from_recipe_logs(tmp_path):
+    for name, losses in (("de-en", [5.0, 4.0, 3.5]), ("en-de", [5.5, 4.5, 4.0])):
+        run = tmp_path / name
+        run.mkdir()
+        rows = ["epoch,loss,token_accuracy,val_loss,val_token_accuracy"] + [
+            f"{i},{loss},{0.2 * (i + 1)},{loss - 0.3},{0.2 * (i + 1) + 0.05}"
+            for i, loss in enumerate(losses)]
+        (run / "training_log.csv").write_text("\n".join(rows) + "\n")
+    path = plots.plot_training_log(tmp_path / "curves.png", {"de-en": str(tmp_path / "de-en"),
+                                   "en-de": str(tmp_path / "en-de")}, steps_per_window=200)
+    width, height = png_size(path)
+    assert width > height
+    with pytest.raises(FileNotFoundError, match="No training log"):
+        plots.plot_training_log(tmp_path / "x.png", {"x": str(tmp_path / "missing")})
+
+
+def test_variant_bars(tmp_path):
+    rows = [{"variant": "base", "dev_bleu": 30.0, "dev_perplexity": 6.0},
+            {"variant": "heads1", "dev_bleu": 28.5, "dev_perplexity": 6.6}]
+    png_size(plots.plot_variants(tmp_path / "variants.png", rows))

@@ -40,6 +40,11 @@ def build_parser(name, description, defaults):
     run.add_argument("--seed", type=int, default=0, help="random seed")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                      help="model.fit verbosity: 0 silent, 1 progress bar, 2 one line per window")
+    run.add_argument("--distribute", choices=("none", "data", "model"), default="none",
+                     help="several devices: data parallel (JAX DataParallel, TF "
+                          "MirroredStrategy) or model parallel (JAX ModelParallel)")
+    run.add_argument("--model-parallel", type=int, default=2,
+                     help="with --distribute model: devices along the model axis")
 
     length = run.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps in all (the paper counts steps)")
@@ -108,6 +113,8 @@ def check_args(parser, args):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.epochs is not None and args.epochs <= 0:
         parser.error(f"--epochs must be positive, got {args.epochs}")
+    if args.model_parallel < 1:
+        parser.error(f"--model-parallel must be positive, got {args.model_parallel}")
     if args.tokens_per_batch < args.max_length:
         parser.error(f"--tokens-per-batch ({args.tokens_per_batch}) must be at least "
                      f"--max-length ({args.max_length})")
@@ -159,6 +166,7 @@ def run(args, splits, name):
     import keras
 
     import keras_transformer as kt
+    from keras_transformer import distribution
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import fit_steps, list_checkpoints
     from keras_transformer.training.pipeline import make_dataset
@@ -172,9 +180,13 @@ def run(args, splits, name):
     print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
           f"{len(test.sources)} test")
 
+    distributed = distribution.setup(args.distribute, args.model_parallel)
+    if distributed.kind != "none":
+        print(f"Devices: {distributed.description}")
     source_tokenizer, target_tokenizer = load_or_train_tokenizers(args, train)
     dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
-                        max_length=args.max_length, tokens_per_batch=args.tokens_per_batch)
+                        max_length=args.max_length, tokens_per_batch=args.tokens_per_batch,
+                        batch_multiple=distributed.batch_multiple)
     train_dataset, train_stats = make_dataset(train.sources, train.targets, repeat=True,
                                               seed=args.seed, **dataset_args)
     validation_dataset = None
@@ -191,14 +203,15 @@ def run(args, splits, name):
     separate = args.separate_vocabularies
     config = model_config(args, source_tokenizer.vocab_size,
                           target_tokenizer.vocab_size if separate else None)
-    model = kt.Transformer(config)
+    with distributed.scope():
+        model = kt.Transformer(config)
+        model.compile(
+            optimizer=kt.paper_adam(config.d_model, config.warmup_steps, args.lr_scale),
+            loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+            metrics=[kt.MaskedTokenAccuracy(pad_id=config.pad_id)],
+        )
     print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
           f"{json.dumps(dataclasses.asdict(config))}")
-    model.compile(
-        optimizer=kt.paper_adam(config.d_model, config.warmup_steps, args.lr_scale),
-        loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
-        metrics=[kt.MaskedTokenAccuracy(pad_id=config.pad_id)],
-    )
 
     start = time.time()
     fit_steps(model, train_dataset, args.run_dir, total_steps,

@@ -133,6 +133,26 @@ def test_table3_rejects_unknown_variants(capsys):
     assert "unknown variant(s) ['heads3']" in capsys.readouterr().err
 
 
+def test_quickstart_trains_data_parallel(tmp_path):
+    command = [sys.executable, "-m", "recipes.quickstart", "--run-dir", str(tmp_path / "run"),
+               "--steps", "2", "--checkpoint-every", "2", "--train-pairs", "100",
+               "--test-pairs", "4", "--no-export", "--distribute", "data", *TINY_MODEL]
+    # Two virtual CPU devices for JAX; TensorFlow's MirroredStrategy takes the one CPU.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    result = subprocess.run(command, cwd=REPOSITORY, env=env, capture_output=True, text=True,
+                            timeout=600)
+    if keras.backend.backend() == "torch":
+        assert result.returncode == 2
+        assert "use KERAS_BACKEND=jax" in result.stderr.strip().splitlines()[-1]
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = {"jax": "Devices: keras.distribution.DataParallel over 2 devices",
+                "tensorflow": "Devices: tf.distribute.MirroredStrategy over 1 replicas"}
+    assert expected[keras.backend.backend()] in result.stdout
+    assert os.path.exists(tmp_path / "run" / "results.json")
+
+
 def test_recipe_user_errors_print_one_line_and_exit_2(tmp_path):
     command = [sys.executable, "-m", "recipes.multi30k", "--data-dir", str(tmp_path / "none"),
                "--steps", "1"]

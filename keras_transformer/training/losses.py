@@ -13,6 +13,8 @@ over the real target tokens of the batch.
 import keras
 from keras import ops
 
+from keras_transformer.distribution import global_sum
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
@@ -64,7 +66,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     def __call__(self, y_true, y_pred, sample_weight=None):
         losses = self.call(y_true, y_pred)
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
-        token_count = ops.sum(weights)
+        # The tokens of the whole global batch: under a TF MirroredStrategy each
+        # replica sees a slice, and the replicas' gradients are summed.
+        token_count = global_sum(ops.sum(weights))
         if sample_weight is not None:
             sample_weight = ops.cast(sample_weight, "float32")
             if len(sample_weight.shape) == 1:

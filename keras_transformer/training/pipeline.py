@@ -89,13 +89,16 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
     return encoded_sources, encoded_targets, stats
 
 
-def bucket_plan(max_length, tokens_per_batch, bucket_width=8):
+def bucket_plan(max_length, tokens_per_batch, bucket_width=8, batch_multiple=1):
     """Bucket boundaries and batch sizes for a token budget.
 
     A pair whose longer side has n tokens goes to the first bucket whose padded
     length L (a multiple of `bucket_width`, at most `max_length`) is >= n; that
     bucket's batches hold `tokens_per_batch // L` pairs, so every batch has at
     most `tokens_per_batch` source and at most as many target tokens.
+
+    With `batch_multiple` > 1 (data parallelism over that many devices) batch
+    sizes are rounded down to multiples of it, but never below it.
 
     Returns:
         (boundaries, batch_sizes, padded_lengths) for
@@ -109,6 +112,9 @@ def bucket_plan(max_length, tokens_per_batch, bucket_width=8):
     lengths = list(range(bucket_width, max_length, bucket_width)) + [max_length]
     boundaries = [length + 1 for length in lengths]
     batch_sizes = [max(1, tokens_per_batch // length) for length in lengths] + [1]
+    if batch_multiple > 1:
+        batch_sizes = [max(batch_multiple, size // batch_multiple * batch_multiple)
+                       for size in batch_sizes]
     return boundaries, batch_sizes, lengths
 
 
@@ -125,6 +131,7 @@ def make_dataset(
     seed=0,
     bucket_width=8,
     verbose=True,
+    batch_multiple=1,
 ):
     """A `tf.data.Dataset` of `({"source", "target"}, labels)` batches.
 
@@ -140,6 +147,10 @@ def make_dataset(
         seed: Shuffle seed.
         bucket_width: Length granularity of the buckets.
         verbose: Whether to print the pipeline statistics.
+        batch_multiple: Make every batch's size a multiple of this (the number
+            of data-parallel replicas): bucket sizes are rounded to it, and a
+            bucket's last, smaller batch gets all-padding rows, which the loss
+            and the metrics ignore.
 
     Returns:
         (dataset, PipelineStats). Batches hold int32 tensors: source (B, L),
@@ -158,7 +169,12 @@ def make_dataset(
             f"No pair is left after tokenization ({stats.summary()}): check the data "
             "and max_length."
         )
-    boundaries, batch_sizes, _ = bucket_plan(max_length, tokens_per_batch, bucket_width)
+    if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, int) or (
+        batch_multiple < 1
+    ):
+        raise ValueError(f"batch_multiple={batch_multiple!r} must be a positive integer.")
+    boundaries, batch_sizes, _ = bucket_plan(max_length, tokens_per_batch, bucket_width,
+                                             batch_multiple)
     stats.batches_per_pass = _batches_per_pass(encoded_sources, encoded_targets, boundaries,
                                                batch_sizes)
     decoder_inputs = [t[:-1] for t in encoded_targets]
@@ -181,6 +197,13 @@ def make_dataset(
         padding_values=(PAD_ID, PAD_ID, PAD_ID),
         pad_to_bucket_boundary=True,
     )
+    if batch_multiple > 1:
+        def pad_rows(*tensors):
+            missing = -tf.shape(tensors[0])[0] % batch_multiple
+            return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=PAD_ID)
+                         for x in tensors)
+
+        dataset = dataset.map(pad_rows)
     dataset = dataset.map(
         lambda s, t, y: ({"source": s, "target": t}, y),
         num_parallel_calls=tf.data.AUTOTUNE,

@@ -1,0 +1,148 @@
+"""keras_transformer/distribution.py on 4 virtual CPU devices: data (and, on
+JAX, model) parallel training gives the loss of one device with the same
+global batch, and the model-parallel layout really splits the weights.
+
+Devices are split before the backend starts, so each case runs in a fresh
+process for the backend under test."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_transformer import distribution
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKEND = keras.backend.backend()
+
+SCRIPT = r"""
+import json, sys
+import keras
+from keras_transformer import distribution
+distribution.virtual_cpu_devices(4)
+import numpy as np
+import keras_transformer as kt
+
+kind = sys.argv[1]
+config = kt.TransformerConfig.tiny(vocab_size=48, num_layers=1, d_model=32, num_heads=4,
+                                   d_ff=64, dropout_rate=0.0)
+rng = np.random.default_rng(0)
+source = rng.integers(4, 48, size=(8, 12)).astype("int32")
+target = rng.integers(4, 48, size=(8, 10)).astype("int32")
+for row in range(8):  # different lengths, so replicas hold different token counts
+    source[row, 12 - row:] = 0
+    target[row, 10 - row:] = 0
+labels = np.concatenate([target[:, 1:], np.zeros((8, 1), "int32")], axis=1)
+inputs = {"source": source, "target": target}
+keras.utils.set_random_seed(0)
+initial = kt.Transformer(config).get_weights()
+
+def train(distributed):
+    with distributed.scope():
+        model = kt.Transformer(config)
+        model.set_weights(initial)
+        model.compile(optimizer=kt.paper_adam(config.d_model, 10),
+                      loss=kt.LabelSmoothedCrossEntropy(0.1),
+                      metrics=[kt.MaskedTokenAccuracy()])
+    history = model.fit(inputs, labels, batch_size=8, epochs=4, shuffle=False, verbose=0)
+    return model, history.history
+
+_, single = train(distribution.Distributed("none", "one device"))
+devices = None
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+distributed = distribution.setup(kind, model_parallel=2, devices=devices)
+model, parallel = train(distributed)
+shards = {}
+if keras.backend.backend() == "jax":
+    for variable in model.variables:
+        value = variable.value
+        shards[variable.path.split("/", 1)[1]] = [list(variable.shape),
+                                 list(value.addressable_shards[0].data.shape),
+                                 len(value.sharding.device_set)]
+print(json.dumps({"description": distributed.description, "single": single,
+                  "parallel": parallel, "shards": shards}))
+"""
+
+
+def run_parallel(kind):
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, kind], cwd=REPOSITORY, capture_output=True, text=True,
+        timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND=BACKEND),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_same_training(outcome):
+    for name in ("loss", "token_accuracy"):
+        single, parallel = outcome["single"][name], outcome["parallel"][name]
+        assert len(single) == 4
+        assert max(abs(a - b) for a, b in zip(single, parallel)) <= 1e-4, (name, single,
+                                                                           parallel)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="data parallelism runs on jax and tensorflow")
+def test_data_parallel_training_matches_one_device():
+    outcome = run_parallel("data")
+    assert "4" in outcome["description"]
+    assert_same_training(outcome)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="model parallelism runs on jax")
+def test_model_parallel_layout_splits_the_weights_and_matches_one_device():
+    outcome = run_parallel("model")
+    assert "(2, 2)" in outcome["description"]
+    assert_same_training(outcome)
+    shards = outcome["shards"]
+    # [full shape, one device's shard, devices holding it]
+    assert shards["shared_embedding/embeddings"][:2] == [[48, 32], [24, 32]]
+    assert shards["encoder_block_0/self_attention/query/kernel"][:2] == [
+        [32, 4, 8], [32, 2, 8]]
+    assert shards["decoder_block_0/cross_attention/attention_output/kernel"][:2] == [
+        [4, 8, 32], [2, 8, 32]]
+    assert shards["encoder_block_0/feed_forward/inner_dense/kernel"][:2] == [
+        [32, 64], [32, 32]]
+    assert shards["decoder_block_0/feed_forward/output_dense/kernel"][:2] == [
+        [64, 32], [32, 32]]
+    # Layer norms are replicated.
+    norm = shards["encoder_block_0/feed_forward_norm/gamma"]
+    assert norm[0] == norm[1] and norm[2] == 4
+
+
+def test_unsupported_combinations_say_what_to_use():
+    with pytest.raises(ValueError, match="must be one of"):
+        distribution.setup("pipeline")
+    if BACKEND == "torch":
+        with pytest.raises(ValueError, match="KERAS_BACKEND=jax"):
+            distribution.setup("data")
+    if BACKEND == "tensorflow":
+        with pytest.raises(ValueError, match="Model parallelism runs on the JAX backend"):
+            distribution.setup("model")
+    assert distribution.setup("none").batch_multiple == 1
+
+
+def test_batches_become_multiples_of_the_replica_count():
+    from helpers import CharTokenizer
+
+    from keras_transformer.training.pipeline import bucket_plan, make_dataset
+
+    _, sizes, _ = bucket_plan(64, 1000, batch_multiple=4)
+    assert all(size % 4 == 0 and size >= 4 for size in sizes)
+
+    class Tokenizer(CharTokenizer):
+        unk_id = 3
+
+    sentences = ["abc", "abcdefgh", "ab", "hgfe", "a", "bad"]
+    dataset, _ = make_dataset(sentences, sentences, Tokenizer(), max_length=16,
+                              tokens_per_batch=64, shuffle=False, verbose=False,
+                              batch_multiple=4)
+    rows = 0
+    for inputs, labels in dataset:
+        assert inputs["source"].shape[0] % 4 == 0
+        rows += int((labels.numpy() != 0).any(axis=1).sum())
+    assert rows == len(sentences), "padding rows hold no tokens"

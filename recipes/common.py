@@ -236,6 +236,11 @@ def run(args, splits, name):
                "train_seconds": round(train_seconds, 1), "parameters": model.count_params()}
     if test.sources:
         results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
+        if averaged_path:
+            print(f"Evaluating the averaged model {averaged_path}:")
+            averaged = keras.saving.load_model(averaged_path, compile=False, safe_mode=True)
+            results["averaged"] = evaluate_test(args, averaged, source_tokenizer,
+                                                target_tokenizer, test, "test_hypotheses_averaged")
     if args.export_dir and not args.no_export:
         from keras_transformer.export import export_saved_model
 
@@ -246,7 +251,7 @@ def run(args, splits, name):
     return results
 
 
-def evaluate_test(args, model, source_tokenizer, target_tokenizer, test):
+def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="test_hypotheses"):
     """Beam-search translation of the test split: BLEU, exact match, speed."""
     from keras_transformer.evaluation import evaluate
     from keras_transformer.inference import Translator
@@ -256,7 +261,7 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test):
     translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
     result = evaluate(
         translator, sources, references,
-        hypotheses_path=os.path.join(args.run_dir, "test_hypotheses.txt"),
+        hypotheses_path=os.path.join(args.run_dir, name + ".txt"),
         beam_size=args.beam_size, alpha=args.alpha, verbose=1 if args.verbose else 0,
     )
     exact = sum(h.strip() == r.strip() for h, r in zip(result.hypotheses, references))

@@ -58,6 +58,8 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
     assert os.path.isdir(os.path.join(run_dir, "logs"))
     assert not os.path.exists(os.path.join(run_dir, "backup")), "backup is removed at the end"
     assert 0 <= results["exact_match"] <= 1 and "bleu" in results
+    assert "bleu" in results["averaged"]
+    assert os.path.exists(os.path.join(run_dir, "test_hypotheses_averaged.txt"))
     assert [row["epoch"] for row in read_log(run_dir)] == ["0", "1"]
 
 

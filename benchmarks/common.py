@@ -1,0 +1,159 @@
+"""Shared pieces of the benchmark scripts: model sizes, the FLOP formula, timing,
+memory, machine description and the one-JSON-line output.
+
+The FLOP count (§3.1-§3.4, Figure 1) counts the matrix multiplications of one
+training step, 2 FLOPs per multiply-add, with B sentences, S source and T
+target positions, N blocks per stack, d = d_model, f = d_ff, V = target vocab:
+
+    encoder forward = B·N·[S·(8d² + 4df) + 4S²d]
+        (Q, K, V, O projections 8d², feed-forward 4df per token; QKᵀ and AV 4S²d)
+    decoder forward = B·N·[T·(12d² + 4df) + 4Sd² + 4T²d + 4TSd]
+        (self-attention 8d² and cross-attention Q, O 4d² per target token; cross
+         K, V 4d² per source token; self QKᵀ, AV 4T²d, full square, masked
+         positions are computed; cross QKᵀ, AV 4TSd)
+    output projection = 2·B·T·d·V
+    training step = 3 × forward (the backward pass costs about twice the forward)
+
+This is the usual "6 × non-embedding parameters × tokens" plus the attention
+and pre-softmax terms, written out. Embedding look-ups, LayerNorm, softmax and
+the optimizer update are not counted. The same count is used for every
+implementation, so GFLOP/s compares model work per second, not kernels.
+"""
+
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPOSITORY not in sys.path:
+    sys.path.insert(0, REPOSITORY)  # `python benchmarks/x.py` without an install
+
+FLOP_FORMULA = (
+    "train FLOPs/step = 3 x forward; forward = B*N*[S*(8d^2+4df) + 4S^2d] (encoder)"
+    " + B*N*[T*(12d^2+4df) + 4Sd^2 + 4T^2d + 4TSd] (decoder) + 2BTdV (output);"
+    " matmuls only, 2 FLOPs per multiply-add"
+)
+
+# The sizes of issue 6. "quick" is only for checking that the scripts run.
+SIZES = {
+    "default": {"num_layers": 3, "d_model": 256, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
+    "large": {"num_layers": 3, "d_model": 512, "num_heads": 8, "d_ff": 2048, "vocab_size": 8000},
+    "quick": {"num_layers": 1, "d_model": 32, "num_heads": 4, "d_ff": 64, "vocab_size": 200},
+}
+
+PAD_ID, BOS_ID, EOS_ID = 0, 2, 3
+
+
+def transformer_config(size, dropout_rate=0.1, **overrides):
+    """The `TransformerConfig` of a named size (dropout as in the paper's base)."""
+    from keras_transformer import TransformerConfig
+
+    if size not in SIZES:
+        raise ValueError(f"Unknown size {size!r}: choose one of {sorted(SIZES)}.")
+    values = dict(SIZES[size], dropout_rate=dropout_rate)
+    values.update(overrides)
+    return TransformerConfig(**values)
+
+
+def forward_flops(batch, source_length, target_length, num_layers, d_model, d_ff, vocab):
+    """Matmul FLOPs of one forward pass (see the module docstring)."""
+    B, S, T, N, d, f, V = batch, source_length, target_length, num_layers, d_model, d_ff, vocab
+    encoder = B * N * (S * (8 * d * d + 4 * d * f) + 4 * S * S * d)
+    decoder = B * N * (T * (12 * d * d + 4 * d * f) + 4 * S * d * d + 4 * T * T * d
+                       + 4 * T * S * d)
+    return encoder + decoder + 2 * B * T * d * V
+
+
+def training_flops(batch, source_length, target_length, config):
+    """FLOPs of one training step: 3 × the forward pass."""
+    return 3 * forward_flops(batch, source_length, target_length, config.num_layers,
+                             config.d_model, config.d_ff, config.resolved_target_vocab_size)
+
+
+def random_batch(batch, source_length, target_length, vocab, seed=0):
+    """Random (source, target input, labels) int32 ids, no padding, no special ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    low = 4  # above pad, unknown, begin and end
+    source = rng.integers(low, vocab, (batch, source_length), dtype="int32")
+    labels = rng.integers(low, vocab, (batch, target_length), dtype="int32")
+    target = np.concatenate([np.full((batch, 1), BOS_ID, "int32"), labels[:, :-1]], axis=1)
+    return source, target, labels
+
+
+def timed(function, *args):
+    """(seconds, result) of one call."""
+    start = time.perf_counter()
+    result = function(*args)
+    return time.perf_counter() - start, result
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def peak_rss_mb():
+    """Peak resident set size of this process (resource.getrusage ru_maxrss), MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
+
+
+def current_rss_mb():
+    """Current resident set size (/proc/self/statm), MiB; NaN where unavailable."""
+    try:
+        with open("/proc/self/statm") as file:
+            pages = int(file.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def machine():
+    """CPU model, logical cores, OS and Python version."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def backend_name():
+    import keras
+
+    return keras.backend.backend()
+
+
+def emit(result):
+    """Prints the script's result as its final stdout line: one JSON object."""
+    def clean(value):  # JSON has no NaN / inf
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(item) for item in value]
+        return value
+
+    sys.stdout.flush()
+    print(json.dumps(clean(result), sort_keys=True), flush=True)
+
+
+def progress(message):
+    print(message, flush=True)

@@ -1,0 +1,270 @@
+"""Decoding speed (§6.1: greedy and beam-4 search) with the key/value cache
+against the uncached baseline, for 32, 64, 128 and 256 new tokens.
+
+Cached: `keras_transformer.inference.decoding.greedy_search` and `beam_search`
+(beam 4, α = 0.6), which run the encoder once and the decoder one position at a
+time over a fixed-size self-attention cache, compiled as one loop (jax.jit,
+tf.function with XLA; eager under torch.no_grad on torch).
+
+Uncached: the textbook decoder without a cache. At step t it re-runs
+`model.decode` on the whole prefix (t + 1 positions, padded up to a multiple of
+`--bucket` so that compiled backends see few shapes; padding is masked), keeps
+the last position's log-probabilities and extends the hypotheses on the host.
+The step function is compiled the same way as the cached loop (jax.jit with the
+weights as arguments, tf.function(jit_compile=True), torch.no_grad eager), and
+the encoder output is computed once. Beam search keeps the best 4 of each
+beam's 4 best extensions, the same ranking as the cached search while no
+hypothesis ends.
+
+The length is forced: the end-of-sentence id gets an output bias of -1e9, so
+no hypothesis ever ends and every run produces exactly n tokens. The weights
+are random (speed does not depend on them). Each (method, n) is run once to
+compile, then timed `--repeats` times (median). Reported: seconds per batch,
+milliseconds per new token (per step, whole batch), the ratio time(256) /
+time(32) of the cached search, and the uncached / cached time at 128.
+
+    KERAS_BACKEND=jax python benchmarks/decoding.py
+    KERAS_BACKEND=torch python benchmarks/decoding.py --batch-size 1 --lengths 32,128
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+
+
+def compile_inference(model, function):
+    """`function(*args)` compiled like the library's decoding loops."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        def stateless(trainable, non_trainable, *args):
+            mapping = list(zip(model.trainable_variables, trainable)) + list(
+                zip(model.non_trainable_variables, non_trainable))
+            with keras.StatelessScope(state_mapping=mapping):
+                return function(*args)
+
+        jitted = jax.jit(stateless)
+        return lambda *args: jitted([v.value for v in model.trainable_variables],
+                                    [v.value for v in model.non_trainable_variables], *args)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=True)
+    import torch
+
+    def no_grad(*args):
+        with torch.no_grad():
+            return function(*[keras.ops.convert_to_tensor(a) for a in args])
+
+    return no_grad
+
+
+class UncachedSearch:
+    """Greedy and beam search that re-decode the whole prefix at every step."""
+
+    def __init__(self, model, bucket):
+        from keras import ops
+
+        self.model, self.bucket = model, bucket
+        vocab = model.config.resolved_target_vocab_size
+        never = [model.config.pad_id, common.BOS_ID]  # as the library: never generated
+
+        def encode(source):
+            return model.encode(source, training=False)
+
+        def top_k(k):
+            def step(prefix, encoded, source_mask, index):
+                logits = model.decode(prefix, encoded, source_mask, training=False)
+                log_probs = ops.log_softmax(ops.take(logits, index, axis=1), axis=-1)
+                banned = ops.any(ops.equal(ops.arange(vocab)[:, None],
+                                           ops.convert_to_tensor(never)[None, :]), axis=1)
+                return ops.top_k(ops.where(banned[None, :], float("-inf"), log_probs), k)
+            return compile_inference(model, step)
+
+        self.encode = compile_inference(model, encode)
+        self.top_k = {}
+        self.make_top_k = top_k
+
+    def _width(self, positions, length):
+        return min(-(-positions // self.bucket) * self.bucket, length)
+
+    def _step(self, k, prefix, encoded, mask, index):
+        from keras import ops
+
+        if k not in self.top_k:
+            self.top_k[k] = self.make_top_k(k)
+        values, indices = self.top_k[k](prefix, encoded, mask, np.array(index, "int32"))
+        return ops.convert_to_numpy(values), ops.convert_to_numpy(indices)
+
+    def _encoded(self, source, k):
+        """The encoder output once per sentence, repeated for its k hypotheses."""
+        from keras import ops
+
+        encoded, mask = self.encode(source)
+        if k == 1:
+            return encoded, mask
+        return ops.repeat(encoded, k, axis=0), ops.repeat(mask, k, axis=0)
+
+    def warm_up(self, source, length, k):
+        """Compiles every prefix width a search of `length` tokens uses."""
+        encoded, mask = self._encoded(source, k)
+        rows = source.shape[0] * k
+        for width in sorted({self._width(t + 1, length) for t in range(length)}):
+            self._step(k, np.zeros((rows, width), "int32"), encoded, mask, width - 1)
+
+    def greedy(self, source, length):
+        encoded, mask = self._encoded(source, 1)
+        tokens = np.zeros((source.shape[0], length + 1), "int32")
+        tokens[:, 0] = common.BOS_ID
+        for t in range(length):
+            prefix = tokens[:, : self._width(t + 1, length)]
+            _, indices = self._step(1, prefix, encoded, mask, t)
+            tokens[:, t + 1] = indices[:, 0]
+        return tokens[:, 1:]
+
+    def beam(self, source, length, k):
+        batch = source.shape[0]
+        encoded, mask = self._encoded(source, k)
+        alive = np.zeros((batch, k, length + 1), "int32")
+        alive[:, :, 0] = common.BOS_ID
+        scores = np.full((batch, k), -np.inf, "float32")
+        scores[:, 0] = 0.0  # all beams start identical: only the first expands
+        rows = np.arange(batch)[:, None]
+        for t in range(length):
+            prefix = alive.reshape(batch * k, -1)[:, : self._width(t + 1, length)]
+            values, indices = self._step(k, prefix, encoded, mask, t)
+            candidates = (scores[:, :, None] + values.reshape(batch, k, k)).reshape(batch, -1)
+            best = np.argsort(-candidates, axis=1, kind="stable")[:, :k]
+            parents = best // k
+            alive = alive[rows, parents]
+            alive[:, :, t + 1] = indices.reshape(batch, k * k)[rows, best]
+            scores = candidates[rows, best]
+        return alive[:, 0, 1:]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=tuple(common.SIZES), default="default",
+                        help="model size (default: d_model 256, 4 heads, d_ff 1024, N=3)")
+    parser.add_argument("--lengths", default="32,64,128,256", help="new tokens per sentence")
+    parser.add_argument("--batch-size", type=int, default=8, help="sentences per batch")
+    parser.add_argument("--source-length", type=int, default=32, help="source tokens")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs, cached (median)")
+    parser.add_argument("--uncached-repeats", type=int, default=1,
+                        help="timed runs, uncached (slow: quadratic in the length)")
+    parser.add_argument("--bucket", type=int, default=16,
+                        help="uncached prefixes are padded to a multiple of this")
+    parser.add_argument("--no-uncached", action="store_true", help="cached searches only")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes to check that the script runs (figures meaningless)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.config, args.lengths, args.batch_size, args.source_length = "quick", "4,8", 2, 6
+        args.repeats, args.bucket = 1, 4
+    try:
+        lengths = sorted({int(value) for value in args.lengths.split(",")})
+    except ValueError:
+        parser.error(f"--lengths must be comma-separated integers, got {args.lengths!r}")
+    if min(lengths) < 1 or min(args.batch_size, args.source_length, args.beam_size,
+                               args.repeats, args.uncached_repeats, args.bucket) < 1:
+        parser.error("lengths, sizes, repeats and --bucket must be positive")
+
+    import keras
+
+    from keras_transformer import Transformer
+    from keras_transformer.inference.decoding import beam_search, greedy_search
+
+    config = common.transformer_config(args.config, dropout_rate=0.0,
+                                       max_length=max(512, max(lengths) + 1))
+    model = Transformer(config)
+    bias = model.target_embedding.output_bias
+    if bias is None:
+        sys.exit("error: the model has no output bias to stop EOS with: decoding.py needs "
+                 "tie_output_embedding=True and share_embeddings=True.")
+    values = np.array(keras.ops.convert_to_numpy(bias))
+    values[common.EOS_ID] = -1e9  # EOS is never the best token: the length is forced
+    bias.assign(values)
+    source = common.random_batch(args.batch_size, args.source_length, 2,
+                                 config.vocab_size)[0]
+    uncached = UncachedSearch(model, args.bucket)
+    k = args.beam_size
+    methods = {
+        "greedy_cached": lambda n: greedy_search(model, source, common.BOS_ID, common.EOS_ID,
+                                                 max_length=n)[0],
+        "beam_cached": lambda n: beam_search(model, source, common.BOS_ID, common.EOS_ID,
+                                             beam_size=k, alpha=0.6, max_length=n)[0],
+    }
+    if not args.no_uncached:
+        methods["greedy_uncached"] = lambda n: uncached.greedy(source, n)
+        methods["beam_uncached"] = lambda n: uncached.beam(source, n, k)
+
+    backend = common.backend_name()
+    common.progress(f"decoding: backend {backend}, config {args.config}, batch "
+                    f"{args.batch_size} x {args.source_length} source tokens, beam {k}")
+    seconds, outputs = {}, {}
+    for method, run in methods.items():
+        seconds[method] = {}
+        repeats = args.uncached_repeats if "uncached" in method else args.repeats
+        for n in lengths:
+            if "uncached" in method:  # compile each prefix width, not one whole slow run
+                width_k = 1 if method.startswith("greedy") else k
+                first_s, _ = common.timed(uncached.warm_up, source, n, width_k)
+            else:
+                first_s, _ = common.timed(run, n)  # compiles this shape
+            times = []
+            for _ in range(repeats):
+                elapsed, tokens = common.timed(run, n)
+                times.append(elapsed)
+            if tokens.shape[1] != n:
+                sys.exit(f"error: {method} produced {tokens.shape[1]} tokens, not {n}: "
+                         "the forced length did not hold.")
+            outputs[method, n] = tokens
+            seconds[method][str(n)] = common.median(times)
+            common.progress(f"  {method:<16} {n:>4} tokens: {common.median(times):8.3f} s, "
+                            f"{common.median(times) / n * 1e3:7.2f} ms/token "
+                            f"(compilation run {first_s:.2f} s)")
+
+    first, last = str(lengths[0]), str(lengths[-1])
+    middle = "128" if 128 in lengths else last
+    summary = {}
+    for search in ("greedy", "beam"):
+        cached = seconds[f"{search}_cached"]
+        summary[search] = {"cached_ratio": cached[last] / cached[first],
+                           "cached_ratio_lengths": [int(last), int(first)]}
+        common.progress(f"  {search}: cached time({last}) / time({first}) = "
+                        f"{summary[search]['cached_ratio']:.2f}")
+        if f"{search}_uncached" in seconds:
+            speedup = seconds[f"{search}_uncached"][middle] / cached[middle]
+            summary[search].update(speedup=speedup, speedup_length=int(middle))
+            common.progress(f"  {search}: uncached / cached at {middle} tokens = {speedup:.2f}x")
+    if not args.no_uncached:
+        same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_uncached", n]))
+                for n in lengths]
+        summary["greedy_uncached_matches_cached"] = min(same)
+        common.progress(f"  greedy: uncached tokens equal to cached ones: {min(same):.1%} "
+                        "(below 100% only from float rounding between the two paths)")
+    common.emit({
+        "benchmark": "decoding", "backend": backend, "config": args.config,
+        "sizes": common.SIZES[args.config], "batch_size": args.batch_size,
+        "source_length": args.source_length, "beam_size": k, "lengths": lengths,
+        "repeats": args.repeats, "uncached_repeats": args.uncached_repeats,
+        "bucket": args.bucket, "seconds": seconds,
+        "ms_per_token": {method: {n: s / int(n) * 1e3 for n, s in by_length.items()}
+                         for method, by_length in seconds.items()},
+        "summary": summary, "quick": args.quick,
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""Runs every benchmark, one subprocess per script and backend, checks the
+targets of issue 6 and writes `benchmarks/RESULTS.md`.
+
+    matmul.py            once (NumPy, TensorFlow, JAX and PyTorch in one process)
+    training.py          per backend, --config default and --config large
+    decoding.py          per backend
+    gpu.py               per backend (skipped without a GPU)
+
+Each script prints one JSON line last; this script collects them and writes a
+Markdown report (machine, date, versions, command, tables, and PASS/FAIL for
+each target) plus the raw results beside it (`.json`). Targets:
+
+* training tokens/s ≥ 1.2 × the keras-hub-layer model, on every backend;
+* training tokens/s ≥ 1.0 × native torch.nn.Transformer, on the torch backend;
+* at d_model 512 (--config large) the training step reaches ≥ 60% of the best
+  measured square float32 matmul rate;
+* cached decoding of 256 new tokens takes ≤ 9 × the time of 32;
+* at 128 new tokens cached decoding is ≥ 5 × faster than uncached.
+
+    python benchmarks/run_all.py                       # all backends, writes RESULTS.md
+    python benchmarks/run_all.py --quick --output /tmp/bench_quick.md   # check the scripts
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUTPUT = os.path.join(HERE, "RESULTS.md")
+BACKENDS = ("tensorflow", "jax", "torch")
+PACKAGES = ("keras", "keras-hub", "tensorflow", "jax", "jaxlib", "torch", "numpy")
+NOISE = ("I0000", "W0000", "E0000", "WARNING: All log messages", "oneDNN custom operations")
+
+
+def run_script(script, arguments, backend, timeout):
+    """Runs benchmarks/`script`, streaming its output; returns its JSON result."""
+    command = [sys.executable, os.path.join(HERE, script), *arguments]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if backend:
+        env["KERAS_BACKEND"] = backend
+    tag = f"[{backend or 'all'} {script} {' '.join(arguments)}]".replace(" ]", "]")
+    print(f"{tag} starting", flush=True)
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env)
+    timer = threading.Timer(timeout, process.kill)  # a hung script does not hang us
+    timer.start()
+    lines = []
+    try:
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            lines.append(line)
+            if not line.startswith("{") and not line.startswith(NOISE):
+                print(f"{tag} {line}", flush=True)
+        process.wait()
+    finally:
+        timer.cancel()
+        if process.poll() is None:
+            process.kill()
+    if time.perf_counter() - start >= timeout:
+        print(f"{tag} killed after the --timeout of {timeout} s", flush=True)
+        return {"error": f"killed after the --timeout of {timeout} s"}
+    results = [json.loads(line) for line in lines if line.startswith("{")]
+    if process.returncode or not results:
+        tail = "\n".join(lines[-15:])
+        print(f"{tag} FAILED with exit status {process.returncode}:\n{tail}", flush=True)
+        return {"error": f"exit status {process.returncode}: {lines[-1] if lines else ''}"}
+    print(f"{tag} done in {time.perf_counter() - start:.0f} s", flush=True)
+    return results[-1]
+
+
+def versions():
+    found = {}
+    for package in PACKAGES:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    try:
+        commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        # --no-optional-locks: never take the index lock of a checkout in use.
+        dirty = subprocess.run(["git", "--no-optional-locks", "-C", HERE, "status",
+                                "--porcelain", "--", ".."],
+                               capture_output=True, text=True, check=False).stdout.strip()
+        found["keras-transformer"] = commit + (" (uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        found["keras-transformer"] = "unknown commit"
+    return found
+
+
+def check(rows, name, backend, value, required, at_least=True):
+    if value is None:
+        rows.append((name, backend, "not measured", required, "n/a"))
+        return
+    passed = value >= required if at_least else value <= required
+    bound = "≥" if at_least else "≤"
+    rows.append((name, backend, f"{value:.2f}", f"{bound} {required}",
+                 "PASS" if passed else "FAIL"))
+
+
+def targets(results, backends):
+    rows = []
+    best = results.get("matmul", {}).get("best_gflops")
+    for backend in backends:
+        for config in ("default", "large"):
+            training = results.get(("training", backend, config), {})
+            ratios = training.get("ratios", {})
+            check(rows, f"training tokens/s ours / keras-hub ({config})", backend,
+                  ratios.get("ours/keras_hub"), 1.2)
+            if backend == "torch":
+                check(rows, f"training tokens/s ours / torch.nn.Transformer ({config})",
+                      backend, ratios.get("ours/torch"), 1.0)
+        large = results.get(("training", backend, "large"), {}).get("results", {})
+        ours = large.get("ours", {}).get("gflops")
+        check(rows, "training GFLOP/s at d_model 512 / best matmul GFLOP/s", backend,
+              ours / best if ours and best else None, 0.6)
+        summary = results.get(("decoding", backend), {}).get("summary", {})
+        for search in ("greedy", "beam"):
+            figures = summary.get(search, {})
+            long, short = figures.get("cached_ratio_lengths", (256, 32))
+            check(rows, f"{search} cached time({long}) / time({short})", backend,
+                  figures.get("cached_ratio"), 9, at_least=False)
+            check(rows, f"{search} uncached / cached time at {figures.get('speedup_length', 128)}",
+                  backend, figures.get("speedup"), 5)
+    return rows
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def number(value, digits=1):
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def report(results, backends, args, started):
+    info = common.machine()
+    best = results.get("matmul", {}).get("best_gflops")
+    parts = ["# Benchmark results", ""]
+    if args.quick:
+        parts += [("**QUICK MODE: tiny sizes and 2 steps, only to check that the scripts "
+                   "run. These figures mean nothing.**"), ""]
+    minutes = (datetime.datetime.now() - started).seconds // 60
+    parts += [
+        f"- Date: {started:%Y-%m-%d %H:%M} (took {minutes} min)",
+        (f"- Machine: {info['cpu']}, {info['logical_cores']} logical cores "
+         f"({info['usable_cores']} usable), {info['os']}, Python {info['python']}"),
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
+        f"- Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`",
+        f"- FLOPs: {common.FLOP_FORMULA}",
+        ("- Training: `model.train_on_batch` loop for both Keras models (jit_compile left at "
+         "Keras's default), eager loop for torch.nn.Transformer; random ids, no padding; "
+         "memory is the peak RSS of each model's own process (`ru_maxrss`, framework "
+         "included)."),
+        "", "## Targets", "",
+        table(("target", "backend", "measured", "required", "result"),
+              targets(results, backends)), "",
+    ]
+    matmul = results.get("matmul", {})
+    if "gflops" in matmul:
+        shapes = matmul["shapes"]
+        parts += ["## Matmul rate (float32)", "",
+                  table(("library", f"square {'×'.join(map(str, shapes['square']))} GFLOP/s",
+                         f"FFN-shaped {'×'.join(map(str, shapes['ffn']))} GFLOP/s", "threads"),
+                        [(name, number(r["square"]), number(r["ffn"]), r["threads"] or "default")
+                         for name, r in matmul["gflops"].items()]), ""]
+    rows = []
+    for backend in backends:
+        for config in ("default", "large"):
+            training = results.get(("training", backend, config), {})
+            for model, r in training.get("results", {}).items():
+                if "error" in r:
+                    rows.append((backend, config, model, r["error"], *[""] * 6))
+                    continue
+                rows.append((backend, config, model, f"{r['params']:,}",
+                             number(r["tokens_per_s"], 0), number(r["median_step_s"] * 1e3),
+                             number(r["first_step_s"]), number(r["peak_rss_mb"], 0),
+                             number(r["gflops"]),
+                             f"{r['gflops'] / best:.0%}" if best else "n/a"))
+    parts += ["## Training throughput", "",
+              table(("backend", "config", "model", "params", "target tokens/s", "median ms/step",
+                     "first step s", "peak RSS MiB", "GFLOP/s", "of best matmul"), rows), ""]
+    rows = []
+    for backend in backends:
+        decoding = results.get(("decoding", backend), {})
+        for method in ("greedy_cached", "greedy_uncached", "beam_cached", "beam_uncached"):
+            if method in decoding.get("seconds", {}):
+                per_token, seconds = decoding["ms_per_token"][method], decoding["seconds"][method]
+                rows.append((backend, method, *[f"{per_token[str(n)]:.3g} ({seconds[str(n)]:.3g} s)"
+                                                for n in decoding["lengths"]]))
+    lengths = next((results[("decoding", b)]["lengths"] for b in backends
+                    if "lengths" in results.get(("decoding", b), {})), [])
+    parts += ["## Decoding: ms per new token (seconds per batch)", "",
+              table(("backend", "method", *[f"{n} tokens" for n in lengths]), rows), ""]
+    rows = []
+    for backend in backends:
+        gpu = results.get(("gpu", backend), {})
+        if gpu.get("skipped") or "error" in gpu or not gpu:
+            rows.append((backend, "skipped: " + gpu.get("reason", gpu.get("error", "not run"))
+                         .split(":")[0], *[""] * 4))
+        else:
+            rows.append((backend, f"{gpu['config']} {gpu['precision']}",
+                         number(gpu["tokens_per_s"], 0), number(gpu["achieved_tflops"], 2),
+                         "n/a" if gpu["mfu"] is None else f"{gpu['mfu']:.1%}",
+                         number(gpu["peak_gpu_memory_mb"], 0)))
+    parts += ["## GPU", "", table(("backend", "run", "tokens/s", "TFLOP/s", "MFU",
+                                   "peak GPU MiB"), rows), ""]
+    errors = [f"- {key}: {value['error']}" for key, value in results.items()
+              if isinstance(value, dict) and "error" in value]
+    if errors:
+        parts += ["## Runs that failed", "", *errors, ""]
+    return "\n".join(parts)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated subset of tensorflow,jax,torch")
+    parser.add_argument("--skip", default="", help="comma-separated scripts to skip "
+                        "(matmul,training,decoding,gpu)")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="the Markdown report")
+    parser.add_argument("--peak-tflops", type=float, help="passed to gpu.py for MFU")
+    parser.add_argument("--timeout", type=int, default=7200, help="seconds per script run")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes and 2 steps, only to check the scripts; needs an "
+                             "--output other than benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if sorted(set(backends) - set(BACKENDS)):
+        parser.error(f"--backends must be a subset of {','.join(BACKENDS)}")
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if skip - {"matmul", "training", "decoding", "gpu"}:
+        parser.error("--skip takes matmul, training, decoding, gpu")
+    if args.quick and os.path.realpath(args.output) == os.path.realpath(DEFAULT_OUTPUT):
+        parser.error("--quick figures must never go to benchmarks/RESULTS.md: pass "
+                     "--output /tmp/bench_quick.md (or another path)")
+
+    started = datetime.datetime.now()
+    quick = ["--quick"] if args.quick else []
+    results = {}
+    if "matmul" not in skip:
+        results["matmul"] = run_script("matmul.py", quick, None, args.timeout)
+    for backend in backends:
+        if "training" not in skip:
+            for config in ("default", "large"):
+                arguments = quick or ["--config", config]
+                results["training", backend, config] = run_script(
+                    "training.py", arguments, backend, args.timeout)
+        if "decoding" not in skip:
+            results["decoding", backend] = run_script("decoding.py", quick, backend, args.timeout)
+        if "gpu" not in skip:
+            peak = ["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else []
+            results["gpu", backend] = run_script("gpu.py", quick + peak, backend, args.timeout)
+
+    text = report(results, backends, args, started)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as file:
+        file.write(text)
+    raw = os.path.splitext(args.output)[0] + ".json"
+    with open(raw, "w") as file:
+        json.dump({" ".join(k) if isinstance(k, tuple) else k: v for k, v in results.items()},
+                  file, indent=1, sort_keys=True)
+    print(text)
+    print(f"\nWrote {args.output} and {raw}")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,6 +9,7 @@ key/value cache for decoding. Calling the model does both.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.config import TransformerConfig
@@ -288,6 +289,16 @@ class Transformer(keras.Model):
             return self.target_embedding(x, reverse=True)
         return ops.cast(self.output_projection(x), "float32")
 
+    def __call__(self, inputs, *args, **kwargs):
+        # Ids given as NumPy arrays are checked here, where their values are
+        # known: inside a compiled step an id past the vocabulary cannot raise
+        # (under JAX its embedding silently becomes NaN).
+        if isinstance(inputs, dict):
+            c = self._config
+            for key, size in (("source", c.vocab_size), ("target", c.resolved_target_vocab_size)):
+                _check_numpy_ids(inputs.get(key), key, size)
+        return super().__call__(inputs, *args, **kwargs)
+
     def call(self, inputs, training=None):
         source_ids, target_ids = _split_inputs(inputs)
         encoder_outputs, source_mask = self.encode(source_ids, training=training)
@@ -305,6 +316,18 @@ class Transformer(keras.Model):
     def from_config(cls, config):
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+
+
+def _check_numpy_ids(ids, name, vocab_size):
+    if not isinstance(ids, np.ndarray) or not ids.size:
+        return
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{name} ids must be integers, got dtype {ids.dtype}.")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(
+            f"{name} holds ids from {ids.min()} to {ids.max()}, outside the vocabulary "
+            f"(0 <= id < {vocab_size}): tokenize with the model's tokenizer."
+        )
 
 
 def _split_inputs(inputs):

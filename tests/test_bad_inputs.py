@@ -78,6 +78,15 @@ def test_bad_search_options_say_what_to_pass(model, options, message):
         beam_search(model, np.array([[5, 6, 2]]), **arguments)
 
 
+@pytest.mark.parametrize("side, ids", [("source", [[5, 40]]), ("source", [[-1, 5]]),
+                                      ("target", [[1, 99]])])
+def test_the_model_rejects_numpy_ids_outside_the_vocabulary(model, side, ids):
+    inputs = {"source": np.array([[5, 6]]), "target": np.array([[1, 7]])}
+    inputs[side] = np.array(ids)
+    with pytest.raises(ValueError, match=f"{side} holds ids from .* outside the vocabulary"):
+        model(inputs)
+
+
 def test_an_empty_batch_decodes_to_an_empty_result(model):
     ids, scores = greedy_search(model, np.zeros((0, 4), "int32"), bos_id=1, eos_id=2)
     assert ids.shape == (0, 0) and scores.shape == (0,)

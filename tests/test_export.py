@@ -1,6 +1,7 @@
-"""SavedModel export and the TF-Serving-style HTTP server, for a model built
+"""SavedModel export and the TF-Serving-style HTTP server. The model is built
 under the current backend (JAX and PyTorch models export through a
-TensorFlow-backend subprocess)."""
+TensorFlow-backend subprocess); the parts that do not depend on that backend
+(the server, saved_model_cli, a killed export) run in the TensorFlow pass."""
 
 import concurrent.futures
 import json
@@ -56,10 +57,17 @@ print(json.dumps({
 """
 
 
+# The server, saved_model_cli and a killed export do not depend on the backend
+# a model was trained under: they run once, in the TensorFlow-backend pass.
+tensorflow_pass = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="backend-independent: runs in the tensorflow pass of the suite")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A run directory (model.keras + tokenizer/) and its exports: version 1
-    greedy (beam 1, α 0), version 2 with the §6.1 beam search."""
+    """A run directory (model.keras + tokenizer/) built under the current
+    backend, exported from memory as version 1 with the §6.1 beam search."""
     root = tmp_path_factory.mktemp("export")
     keras.utils.set_random_seed(0)
     tokenizer = SubwordTokenizer.train(CORPUS.sources + CORPUS.targets, vocab_size=320)
@@ -69,9 +77,16 @@ def exported(tmp_path_factory):
     model = kt.Transformer(config)
     model.save(run_dir / "model.keras")
     base = str(root / "saved_models" / "tiny")
-    greedy = export_model(model, tokenizer, tokenizer, base, beam_size=1, alpha=0.0)
-    beam = export_saved_model(str(run_dir), base, verbose=False)
-    return {"run_dir": str(run_dir), "base": base, "greedy": greedy, "beam": beam}
+    beam = export_model(model, tokenizer, tokenizer, base)
+    return {"run_dir": str(run_dir), "base": base, "beam": beam}
+
+
+@pytest.fixture(scope="module")
+def exported_greedy(exported):
+    """Version 2 of the same model, greedy (beam 1, α 0), from the run directory."""
+    greedy = export_saved_model(exported["run_dir"], exported["base"], beam_size=1, alpha=0.0,
+                                verbose=False)
+    return dict(exported, greedy=greedy)
 
 
 def translator(run_dir):
@@ -79,14 +94,17 @@ def translator(run_dir):
     return Translator(model, SubwordTokenizer.load(os.path.join(run_dir, "tokenizer")))
 
 
-def test_versions_follow_the_tf_serving_layout(exported):
-    assert exported["greedy"] == os.path.join(exported["base"], "1")
-    assert exported["beam"] == os.path.join(exported["base"], "2")
+@tensorflow_pass
+def test_versions_follow_the_tf_serving_layout(exported_greedy):
+    exported = exported_greedy
+    assert exported["beam"] == os.path.join(exported["base"], "1")
+    assert exported["greedy"] == os.path.join(exported["base"], "2")
     assert sorted(os.listdir(exported["base"])) == ["1", "2"], "no temporary directory left"
-    assert latest_version_path(exported["base"]) == exported["beam"]
-    with open(os.path.join(exported["beam"], METADATA_PATH)) as f:
-        metadata = json.load(f)
-    assert (metadata["beam_size"], metadata["alpha"]) == (4, 0.6)
+    assert latest_version_path(exported["base"]) == exported["greedy"]
+    for version, settings in (("1", (4, 0.6)), ("2", (1, 0.0))):
+        with open(os.path.join(exported["base"], version, METADATA_PATH)) as f:
+            metadata = json.load(f)
+        assert (metadata["beam_size"], metadata["alpha"]) == settings
 
 
 def test_fresh_tensorflow_process_translates_like_the_translator(exported):
@@ -109,7 +127,9 @@ def test_fresh_tensorflow_process_translates_like_the_translator(exported):
     np.testing.assert_allclose(served["scores"], scores, rtol=1e-4, atol=1e-4)
 
 
-def test_exported_greedy_version_matches_greedy_translation(exported):
+@tensorflow_pass
+def test_exported_greedy_version_matches_greedy_translation(exported_greedy):
+    exported = exported_greedy
     loaded, _ = load_saved_model(exported["greedy"])
     import tensorflow as tf
 
@@ -119,7 +139,7 @@ def test_exported_greedy_version_matches_greedy_translation(exported):
 
 
 def test_exported_model_handles_an_empty_batch(exported):
-    loaded, _ = load_saved_model(exported["base"])
+    loaded, _ = load_saved_model(exported["beam"])
     import tensorflow as tf
 
     out = loaded.signatures["serving_default"](inputs=tf.constant([], tf.string))
@@ -138,6 +158,7 @@ def _saved_model_cli(*arguments):
     return subprocess.run(command, capture_output=True, text=True, env=QUIET, timeout=300)
 
 
+@tensorflow_pass
 def test_saved_model_cli_shows_and_runs_the_signatures(exported):
     executable = shutil.which("saved_model_cli")
     assert executable, "saved_model_cli comes with tensorflow"
@@ -160,6 +181,7 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported):
     assert repr(expected.encode("utf-8")) in ran.stdout
 
 
+@tensorflow_pass
 def test_killed_export_leaves_no_version_directory(exported, tmp_path):
     base = tmp_path / "saved_models" / "killed"
     command = [sys.executable, "-m", "keras_transformer.export", exported["run_dir"], str(base),
@@ -182,11 +204,13 @@ def test_killed_export_leaves_no_version_directory(exported, tmp_path):
     assert os.listdir(base) == []
 
 
+@tensorflow_pass
 def test_export_refuses_to_overwrite_a_version(exported):
     with pytest.raises(FileExistsError, match="never overwritten"):
         export_saved_model(exported["run_dir"], exported["base"], version=1)
 
 
+@tensorflow_pass
 @pytest.mark.parametrize("arguments, error, message", [
     (dict(version=0), ValueError, "positive integer"),
     (dict(beam_size=0), ValueError, "beam_size"),
@@ -197,6 +221,7 @@ def test_export_rejects_bad_options(exported, tmp_path, arguments, error, messag
         export_saved_model(exported["run_dir"], str(tmp_path / "out"), **arguments)
 
 
+@tensorflow_pass
 def test_export_command_reports_mistakes_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["export", str(tmp_path / "missing"), str(tmp_path / "out")])
@@ -204,6 +229,7 @@ def test_export_command_reports_mistakes_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: No model at {str(tmp_path / 'missing')!r}."
 
 
+@tensorflow_pass
 def test_loading_a_directory_without_versions_says_how_to_fix_it(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="keras-transformer export"):
@@ -216,8 +242,9 @@ LIMITS = dict(max_instances=8, max_chars=1000, max_body_bytes=4096)
 
 
 @pytest.fixture(scope="module")
-def server(exported):
-    server = serve_in_thread(exported["base"], port=0, log=False, **LIMITS)
+def server(exported_greedy):
+    # The highest version, 2: greedy search.
+    server = serve_in_thread(exported_greedy["base"], port=0, log=False, **LIMITS)
     host, port = server.server_address[:2]
     server.url = f"http://{host}:{port}/v1/models/tiny"
     yield server
@@ -238,6 +265,7 @@ def request(url, body=None, method=None):
         return error.code, json.loads(error.read())
 
 
+@tensorflow_pass
 def test_server_binds_loopback_and_reports_the_highest_version(server):
     assert server.server_address[0] == "127.0.0.1"
     status, body = request(server.url)
@@ -245,11 +273,15 @@ def test_server_binds_loopback_and_reports_the_highest_version(server):
     assert body["model_version_status"][0]["version"] == "2"
     assert body["model_version_status"][0]["state"] == "AVAILABLE"
     status, body = request(server.url + "/metadata")
-    assert status == 200 and body["metadata"]["beam_size"] == 4
+    assert status == 200 and body["metadata"]["beam_size"] == 1
 
 
+GREEDY = dict(beam_size=1, alpha=0.0)
+
+
+@tensorflow_pass
 def test_server_predicts_like_the_translator(server, exported):
-    expected = translator(exported["run_dir"]).translate(SENTENCES)
+    expected = translator(exported["run_dir"]).translate(SENTENCES, **GREEDY)
     assert request(server.url + ":predict", {"instances": SENTENCES}) == (
         200, {"predictions": expected})
     assert request(server.url + "/versions/2:predict", {"inputs": SENTENCES}) == (
@@ -259,8 +291,9 @@ def test_server_predicts_like_the_translator(server, exported):
     assert (status, body["predictions"]) == (200, expected[:2])
 
 
+@tensorflow_pass
 def test_server_translates_token_ids(server, exported):
-    ids, scores = beam_search(translator(exported["run_dir"]).model, SOURCE_IDS, 2, 3)
+    ids, scores = beam_search(translator(exported["run_dir"]).model, SOURCE_IDS, 2, 3, **GREEDY)
     rows = [[int(t) for t in row if t] for row in SOURCE_IDS]
     status, body = request(server.url + ":predict",
                            {"signature_name": "translate_ids", "instances": rows})
@@ -269,6 +302,7 @@ def test_server_translates_token_ids(server, exported):
     np.testing.assert_allclose([p["scores"] for p in body["predictions"]], scores, atol=1e-4)
 
 
+@tensorflow_pass
 @pytest.mark.parametrize("body, status, message", [
     (b"not json", 400, "not valid JSON"),
     (b'{"instances": ["\xff"]}', 400, "not UTF-8"),
@@ -300,15 +334,17 @@ def test_server_answers_bad_requests_with_an_error_and_keeps_serving(server, bod
     assert request(server.url + ":predict", {"instances": [CORPUS.sources[0]]})[0] == 200
 
 
+@tensorflow_pass
 def test_server_answers_unknown_paths_with_404(server):
     assert request(server.url + "/versions/1:predict", {"instances": ["a"]})[0] == 404
     assert request(server.url.replace("tiny", "other") + ":predict", {"instances": ["a"]})[0] == 404
     assert request(server.url + "/nothing")[0] == 404
 
 
+@tensorflow_pass
 def test_server_handles_concurrent_requests(server, exported):
     sentences = CORPUS.sources[:16]
-    expected = translator(exported["run_dir"]).translate(sentences)
+    expected = translator(exported["run_dir"]).translate(sentences, **GREEDY)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(
             lambda s: request(server.url + ":predict", {"instances": [s]}), sentences))
@@ -316,6 +352,7 @@ def test_server_handles_concurrent_requests(server, exported):
     assert [body["predictions"][0] for _, body in answers] == expected
 
 
+@tensorflow_pass
 def test_serve_command_reports_a_missing_model_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["serve", str(tmp_path / "nothing")])

@@ -94,6 +94,20 @@ def timed(function, *args):
     return time.perf_counter() - start, result
 
 
+def time_steps(step, warmup, steps, label=""):
+    """Runs `step()` (returning the loss) `warmup` times, then `steps` timed
+    times. Returns (first call's seconds, median step seconds)."""
+    first, _ = timed(step)
+    for _ in range(warmup - 1):
+        step()
+    times = []
+    for i in range(steps):
+        seconds, loss = timed(step)
+        times.append(seconds)
+        progress(f"  {label}step {i + 1}/{steps}: {seconds * 1e3:.1f} ms, loss {loss:.3f}")
+    return first, median(times)
+
+
 def median(values):
     return statistics.median(values) if values else float("nan")
 

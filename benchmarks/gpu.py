@@ -127,15 +127,7 @@ def main(argv=None):
     def step():
         return float(model.train_on_batch(inputs, labels))
 
-    first, _ = common.timed(step)
-    for _ in range(args.warmup - 1):
-        step()
-    times = []
-    for i in range(args.steps):
-        seconds, loss = common.timed(step)
-        times.append(seconds)
-        common.progress(f"  step {i + 1}/{args.steps}: {seconds * 1e3:.1f} ms, loss {loss:.3f}")
-    step_time = common.median(times)
+    first, step_time = common.time_steps(step, args.warmup, args.steps)
     flops = common.training_flops(args.batch_size, args.length, args.length, config)
     achieved = flops / step_time / 1e12
     mfu = achieved / args.peak_tflops if args.peak_tflops else None

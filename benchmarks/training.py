@@ -82,16 +82,7 @@ def measure(args):
         jit_compile = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
         step = keras_step(model, config, jit_compile, batch)
     rss_before = common.current_rss_mb()
-    first, _ = common.timed(step)
-    for _ in range(args.warmup - 1):
-        step()
-    times = []
-    for i in range(args.steps):
-        seconds, loss = common.timed(step)
-        times.append(seconds)
-        common.progress(f"  {args.model} step {i + 1}/{args.steps}: {seconds * 1e3:.1f} ms, "
-                        f"loss {loss:.3f}")
-    step_time = common.median(times)
+    first, step_time = common.time_steps(step, args.warmup, args.steps, f"{args.model} ")
     flops = common.training_flops(args.batch_size, args.length, args.length, config)
     return {
         "params": int(params), "median_step_s": step_time, "first_step_s": first,

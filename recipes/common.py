@@ -136,6 +136,18 @@ def model_config(args, vocab_size, target_vocab_size=None):
     return preset(vocab_size=vocab_size, **overrides)
 
 
+def compile_model(model, config, lr_scale=1.0):
+    """The paper's training setup: Adam(0.9, 0.98, 1e-9) with the eq. (3)
+    schedule (× lr_scale), label smoothing ε_ls, masked token accuracy."""
+    import keras_transformer as kt
+
+    model.compile(
+        optimizer=kt.paper_adam(config.d_model, config.warmup_steps, lr_scale),
+        loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+        metrics=[kt.MaskedTokenAccuracy(pad_id=config.pad_id)],
+    )
+
+
 def load_or_train_tokenizers(args, corpus):
     """The run's tokenizer(s): reused from the run directory when present, so a
     resumed run keeps its vocabulary."""
@@ -205,11 +217,7 @@ def run(args, splits, name):
                           target_tokenizer.vocab_size if separate else None)
     with distributed.scope():
         model = kt.Transformer(config)
-        model.compile(
-            optimizer=kt.paper_adam(config.d_model, config.warmup_steps, args.lr_scale),
-            loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
-            metrics=[kt.MaskedTokenAccuracy(pad_id=config.pad_id)],
-        )
+        compile_model(model, config, args.lr_scale)
     print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
           f"{json.dumps(dataclasses.asdict(config))}")
 

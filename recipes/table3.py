@@ -184,11 +184,7 @@ def _train_and_measure(args, name, config, tokenizer, splits):
                           verbose=False, **dataset_args)
 
     model = kt.Transformer(config)
-    model.compile(
-        optimizer=kt.paper_adam(config.d_model, config.warmup_steps, args.lr_scale),
-        loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
-        metrics=[kt.MaskedTokenAccuracy(pad_id=config.pad_id)],
-    )
+    common.compile_model(model, config, args.lr_scale)
     budget = TimeBudget(args.minutes * 60)
     start = time.time()
     fit_steps(model, train, run_dir, args.max_steps,

@@ -161,8 +161,8 @@ def report(results, backends, args, started):
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
         f"- Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`",
         f"- FLOPs: {common.FLOP_FORMULA}",
-        ("- Training: `model.train_on_batch` loop for both Keras models (jit_compile left at "
-         "Keras's default), eager loop for torch.nn.Transformer; random ids, no padding; "
+        ("- Training: `model.train_on_batch` loop for both Keras models with "
+         "`compile(jit_compile=\"auto\")`, each model's own default (column XLA), eager loop for torch.nn.Transformer; random ids, no padding; "
          "memory is the peak RSS of each model's own process (`ru_maxrss`, framework "
          "included)."),
         "", "## Targets", "",
@@ -183,15 +183,16 @@ def report(results, backends, args, started):
             training = results.get(("training", backend, config), {})
             for model, r in training.get("results", {}).items():
                 if "error" in r:
-                    rows.append((backend, config, model, r["error"], *[""] * 6))
+                    rows.append((backend, config, model, r["error"], *[""] * 7))
                     continue
-                rows.append((backend, config, model, f"{r['params']:,}",
+                xla = {True: "yes", False: "no", None: "eager torch"}[r.get("jit_compile")]
+                rows.append((backend, config, model, xla, f"{r['params']:,}",
                              number(r["tokens_per_s"], 0), number(r["median_step_s"] * 1e3),
                              number(r["first_step_s"]), number(r["peak_rss_mb"], 0),
                              number(r["gflops"]),
                              f"{r['gflops'] / best:.0%}" if best else "n/a"))
     parts += ["## Training throughput", "",
-              table(("backend", "config", "model", "params", "target tokens/s", "median ms/step",
+              table(("backend", "config", "model", "XLA", "params", "target tokens/s", "median ms/step",
                      "first step s", "peak RSS MiB", "GFLOP/s", "of best matmul"), rows), ""]
     rows = []
     for backend in backends:

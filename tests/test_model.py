@@ -247,3 +247,24 @@ def test_saved_file_loads_under_the_other_backends(tmp_path):
         )
         assert result.returncode == 0, result.stderr[-3000:]
         np.testing.assert_allclose(np.load(out_path), expected, atol=1e-5, err_msg=backend)
+
+
+def test_auto_jit_compile_is_xla_except_on_torch():
+    """"auto" is XLA under JAX (Keras's choice) and TensorFlow (ours: Keras
+    leaves XLA off on a CPU, where it is slower for this model), eager on torch;
+    an explicit choice is kept."""
+    model = tiny_model()
+    model.compile(optimizer="adam", loss="mse")
+    assert model.jit_compile is (keras.backend.backend() != "torch")
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    assert model.jit_compile is False
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.distribute only")
+def test_auto_jit_compile_stays_off_under_a_distribution_strategy():
+    import tensorflow as tf
+
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        model = tiny_model()
+        model.compile(optimizer="adam", loss="mse")
+    assert model.jit_compile is False

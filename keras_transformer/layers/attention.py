@@ -200,17 +200,23 @@ class MultiHeadAttention(keras.layers.Layer):
             k = self.key_dense(key)
             v = self.value_dense(value)
             if cache is not None:
-                start = [0, cache_update_index, 0, 0]
-                k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
-                v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
-                cache = ops.stack((k, v), axis=1)
+                # One update of the new positions into the cache: a loop that
+                # carries the cache updates it in place. (Updating the keys and
+                # values apart and stacking them again would copy the whole
+                # cache at every step.)
+                new = ops.cast(ops.stack((k, v), axis=1), cache.dtype)
+                cache = ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
+                k, v = cache[:, 0], cache[:, 1]
 
         mask = self._merge_masks(
             q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
         )
-        attention_output, scores = self._compute_attention(
-            q, k, v, mask, return_attention_scores, training
-        )
+        if cache is not None and q.shape[1] == 1 and not (training and self._dropout_rate > 0):
+            attention_output, scores = self._single_query_attention(q, k, v, mask)
+        else:
+            attention_output, scores = self._compute_attention(
+                q, k, v, mask, return_attention_scores, training
+            )
         outputs = [self.output_dense(attention_output)]
         if cache is not None:
             outputs.append(cache)
@@ -290,6 +296,49 @@ class MultiHeadAttention(keras.layers.Layer):
         dropped = self.attention_dropout(weights, training=training)
         output = ops.einsum("bnts,bsnh->btnh", ops.cast(dropped, value.dtype), value)
         return output, weights
+
+    def _single_query_attention(self, query, key, value, mask):
+        """Eq. (1) for one query position against a cache: the decoding step.
+
+        The general path's einsums put the heads outside before multiplying,
+        which copies all S cached keys and values into that order at every
+        step: the per-token cost grew with the cache (benchmarks/decoding.py).
+        Here keys and values are read in their (batch, S, heads·width) layout
+        by two batched matrix products against block-diagonal operands: the
+        query spread so that column n holds head n's query in head n's rows,
+        and the weights multiplied into every head's values, of which each
+        head keeps its own block. That is `heads` times the multiply-adds of
+        the matrix-vector products, on data read once, without transposes.
+
+        Args:
+            query: (batch, 1, num_heads, key_dim).
+            key: (batch, S, num_heads, key_dim).
+            value: (batch, S, num_heads, value_dim).
+            mask: (batch or 1, 1, 1, S) bool, True where attention is allowed.
+
+        Returns:
+            (batch, 1, num_heads, value_dim) outputs and the (batch, num_heads,
+            1, S) float32 attention weights.
+        """
+        batch, length = ops.shape(key)[0], ops.shape(key)[1]
+        heads, key_dim, value_dim = self._num_heads, self._key_dim, self._value_dim
+        dtype = key.dtype
+        query = ops.cast(query, dtype) * ops.cast(1.0 / math.sqrt(key_dim), dtype)
+        blocks = ops.eye(heads, dtype=dtype)
+        # (batch, heads·key_dim, heads): query[b, 0, n, h] at row n·key_dim + h, column n.
+        spread = ops.reshape(
+            query[:, 0, :, :, None] * blocks[None, :, None, :], (batch, heads * key_dim, heads)
+        )
+        keys = ops.reshape(key, (batch, length, heads * key_dim))
+        logits = ops.cast(ops.matmul(keys, spread), "float32")  # (batch, S, heads)
+        if mask is not None:
+            logits = ops.where(mask[:, 0, 0, :, None], logits, _MASKED_LOGIT)
+        weights = ops.transpose(ops.softmax(logits, axis=1), (0, 2, 1))  # (batch, heads, S)
+        values = ops.reshape(value, (batch, length, heads * value_dim))
+        mixed = ops.matmul(ops.cast(weights, value.dtype), values)  # (batch, heads, heads·d_v)
+        mixed = ops.reshape(mixed, (batch, heads, heads, value_dim))
+        output = ops.sum(mixed * ops.cast(blocks, value.dtype)[None, :, :, None], axis=2)
+        return output[:, None], weights[:, :, None, :]
 
     def get_config(self):
         config = super().get_config()

@@ -185,6 +185,25 @@ def test_cached_self_attention_matches_full_attention():
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_one_query_against_a_cache_matches_numpy(dtype):
+    """The decoding step's path (one query, read from the cache) gives eq. (1)
+    per head, outputs and weights, with padding keys at zero weight."""
+    layer = MultiHeadAttention(num_heads=3, key_dim=4, dtype=dtype)
+    query, memory = random(2, 1, 8), random(2, 5, 8)
+    padding = np.array([[True] * 5, [True, True, True, False, False]])
+    layer(query, memory)  # builds the layer
+    cache = ops.stack([layer.key_dense(memory), layer.value_dense(memory)], axis=1)
+    output, _, weights = layer(query, cache=cache, key_padding_mask=padding,
+                               return_attention_scores=True)
+    expected, expected_weights = numpy_multi_head(layer, query, memory, padding[:, None, :])
+    tolerance = 1e-5 if dtype == "float32" else 5e-2
+    assert tuple(weights.shape) == (2, 3, 1, 5)
+    np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=tolerance)
+    np.testing.assert_allclose(to_numpy(output).astype("float32"), expected, atol=tolerance)
+    assert np.all(to_numpy(weights)[1, :, :, 3:] == 0)
+
+
 def test_precomputed_cross_attention_cache_matches_direct_call():
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     query, memory = random(2, 3, 8), random(2, 5, 8)

@@ -10,8 +10,9 @@ unless the caller asks for the attention weights or attention dropout is active;
 then the explicit softmax path beside it runs instead.
 
 The layer also carries the key/value cache used for incremental decoding: a
-fixed-size tensor updated at an index, so the decoding loop compiles under
-`jax.jit` and `tf.function`.
+fixed-size tensor updated in place at an index, so the decoding loop compiles
+under `jax.jit` and `tf.function`. One query against a cache (the decoding
+step) takes a third path that reads the cache without transposing it.
 """
 
 import functools

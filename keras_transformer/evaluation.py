@@ -15,6 +15,12 @@ with sacreBLEU twice:
   references gives a comparable figure. The two tokenizers differ in a few
   rules (apostrophes, hyphens), so expect close, not identical, numbers.
 
+A sentence may have several references (Tatoeba lists each English sentence
+once per translation): pass a list of strings for it, and BLEU counts an n-gram
+as matched when any of its references has it, as multi-bleu.perl and
+sacreBLEU do (the signature's `nrefs` is `var` when the count varies). `group_references` turns
+repeated sources of a test set into that form, so each is translated once.
+
 It also times the translation: sentences per second and output tokens (ids,
 EOS included) per second, wall clock, including compilation on JAX and
 TensorFlow for each new batch shape.
@@ -79,7 +85,8 @@ def bleu_scores(hypotheses, references):
 
     Args:
         hypotheses: List of translated strings.
-        references: List of reference strings, one per hypothesis.
+        references: One item per hypothesis: its reference string, or a
+            non-empty list of reference strings.
 
     Returns:
         `(cased, lowercase)`: two `sacrebleu` BLEU results (`.score` in 0-100),
@@ -94,9 +101,14 @@ def bleu_scores(hypotheses, references):
     from sacrebleu.metrics import BLEU
 
     _check_parallel(hypotheses, references, "hypotheses")
+    per_sentence = [[r] if isinstance(r, str) else list(r) for r in references]
+    # sacreBLEU takes one stream per reference; None fills the streams of
+    # sentences with fewer references.
+    streams = [[refs[k] if k < len(refs) else None for refs in per_sentence]
+               for k in range(max(len(refs) for refs in per_sentence))]
     results = []
     for metric in (BLEU(tokenize="13a"), BLEU(tokenize="13a", lowercase=True)):
-        result = metric.corpus_score(list(hypotheses), [list(references)])
+        result = metric.corpus_score(list(hypotheses), streams)
         result.signature = str(metric.get_signature())
         results.append(result)
     return tuple(results)
@@ -118,7 +130,8 @@ def evaluate(
     Args:
         translator: A `keras_transformer.inference.Translator`.
         sources: List of source sentences.
-        references: List of reference translations, one per source.
+        references: One item per source: its reference translation, or a
+            non-empty list of them (see `group_references`).
         hypotheses_path: File to write the translations to, one per line
             (UTF-8), or None not to write them. Parent folders are created.
         beam_size: Beam size (4 in §6.1).
@@ -189,8 +202,49 @@ def _check_parallel(first, references, name):
     if not len(first):
         raise ValueError(f"{name} is empty: BLEU needs at least one sentence.")
     for i, reference in enumerate(references):
-        if not isinstance(reference, str):
+        if isinstance(reference, str):
+            continue
+        if not isinstance(reference, (list, tuple)):
             raise TypeError(
-                f"references[{i}] is a {type(reference).__name__}, not a str: pass one "
-                "reference string per sentence."
+                f"references[{i}] is a {type(reference).__name__}: pass one reference "
+                "string per sentence, or a list of reference strings."
             )
+        if not reference:
+            raise ValueError(f"references[{i}] is an empty list: a sentence needs at least "
+                             "one reference.")
+        for j, text in enumerate(reference):
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"references[{i}][{j}] is a {type(text).__name__}, not a str."
+                )
+
+
+def group_references(sources, references):
+    """Merges test pairs that share a source into one source with all its references.
+
+    Corpora such as Tatoeba list a sentence once per translation. Scored pair
+    by pair, a translation that matches one reference counts as wrong against
+    the others; grouped, each source is translated once and scored against all
+    of its references.
+
+    Args:
+        sources: List of source sentences, possibly repeated.
+        references: List of reference strings, one per source.
+
+    Returns:
+        `(unique_sources, grouped)`: the distinct sources in order of first
+        appearance, and for each a list of its references (in order, repeats
+        kept out).
+
+    Example:
+
+    >>> group_references(["Help!", "Run.", "Help!"], ["¡Ayuda!", "Corre.", "¡Auxilio!"])
+    (['Help!', 'Run.'], [['¡Ayuda!', '¡Auxilio!'], ['Corre.']])
+    """
+    _check_parallel(sources, references, "sources")
+    grouped = {}
+    for source, reference in zip(sources, references):
+        refs = grouped.setdefault(source, [])
+        if reference not in refs:
+            refs.append(reference)
+    return list(grouped), list(grouped.values())

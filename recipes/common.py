@@ -86,7 +86,7 @@ def build_parser(name, description, defaults):
     evaluation.add_argument("--beam-size", type=int, default=4, help="beam size (§6.1: 4)")
     evaluation.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
     evaluation.add_argument("--eval-limit", type=int,
-                            help="evaluate on only the first N test sentences")
+                            help="evaluate on only the first N distinct test sentences")
     evaluation.add_argument("--export-dir",
                             help="also export model.keras as a TensorFlow SavedModel to "
                                  "EXPORT_DIR/VERSION/ (the next free version), e.g. "
@@ -260,28 +260,47 @@ def run(args, splits, name):
 
 
 def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="test_hypotheses"):
-    """Beam-search translation of the test split: BLEU, exact match, speed."""
-    from keras_transformer.evaluation import evaluate
+    """Beam-search translation of the test split: BLEU, exact match, speed.
+
+    A source that appears on several test lines (Tatoeba lists a sentence once
+    per translation) is translated once and scored against all its references;
+    `per_pair` then also gives BLEU with each line's hypothesis scored against
+    that line's reference alone.
+    """
+    from keras_transformer.evaluation import bleu_scores, evaluate, group_references
     from keras_transformer.inference import Translator
 
-    limit = args.eval_limit or len(test.sources)
-    sources, references = test.sources[:limit], test.targets[:limit]
+    sources, references = group_references(test.sources, test.targets)
+    limit = args.eval_limit or len(sources)
+    sources, references = sources[:limit], references[:limit]
     translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
     result = evaluate(
         translator, sources, references,
         hypotheses_path=os.path.join(args.run_dir, name + ".txt"),
         beam_size=args.beam_size, alpha=args.alpha, verbose=1 if args.verbose else 0,
     )
-    exact = sum(h.strip() == r.strip() for h, r in zip(result.hypotheses, references))
-    print(f"Test, {len(sources)} sentences, beam {args.beam_size}, alpha {args.alpha}:")
+    exact = sum(h.strip() in {r.strip() for r in refs}
+                for h, refs in zip(result.hypotheses, references))
+    pairs = sum(len(refs) for refs in references)
+    print(f"Test, {len(sources)} sentences ({pairs} reference translations), "
+          f"beam {args.beam_size}, alpha {args.alpha}:")
     print(result.summary())
-    print(f"Exact match {exact / len(references):.2%}")
-    for source, hypothesis, reference in list(zip(sources, result.hypotheses, references))[:5]:
-        print(f"  source:     {source}\n  translated: {hypothesis}\n  reference:  {reference}")
-    return {"bleu": result.bleu, "bleu_lowercase": result.bleu_lowercase,
-            "bleu_signature": result.bleu_signature, "exact_match": exact / len(references),
-            "test_sentences": len(sources),
-            "sentences_per_second": round(result.sentences_per_second, 2)}
+    print(f"Exact match (any reference) {exact / len(references):.2%}")
+    for source, hypothesis, refs in list(zip(sources, result.hypotheses, references))[:5]:
+        print(f"  source:     {source}\n  translated: {hypothesis}\n  reference:  "
+              + "\n              ".join(refs))
+    results = {"bleu": result.bleu, "bleu_lowercase": result.bleu_lowercase,
+               "bleu_signature": result.bleu_signature, "exact_match": exact / len(references),
+               "test_sentences": len(sources), "test_references": pairs,
+               "sentences_per_second": round(result.sentences_per_second, 2)}
+    if pairs > len(sources):
+        cased, lowercase = bleu_scores(
+            [h for h, refs in zip(result.hypotheses, references) for _ in refs],
+            [r for refs in references for r in refs])
+        results["per_pair"] = {"bleu": cased.score, "bleu_lowercase": lowercase.score}
+        print(f"Scored pair by pair ({pairs} pairs, one reference each): BLEU "
+              f"{cased.score:.2f}, lower-cased {lowercase.score:.2f}")
+    return results
 
 
 def _save_atomically(model, path):

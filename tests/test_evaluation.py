@@ -6,7 +6,8 @@ import sacrebleu
 from helpers import CharTokenizer
 
 import keras_transformer as kt
-from keras_transformer.evaluation import EvaluationResult, bleu_scores, evaluate
+from keras_transformer.evaluation import (EvaluationResult, bleu_scores, evaluate,
+                                         group_references)
 from keras_transformer.inference import Translator
 
 
@@ -91,5 +92,36 @@ def test_mismatched_inputs_are_explained():
         evaluate(translator, ["a"], "a")
     with pytest.raises(ValueError, match="sources is empty"):
         evaluate(translator, [], [])
-    with pytest.raises(TypeError, match=r"references\[0\] is a list"):
-        evaluate(translator, ["a"], [["a", "b"]])
+    with pytest.raises(TypeError, match=r"references\[0\] is a dict"):
+        evaluate(translator, ["a"], [{"a": "b"}])
+    with pytest.raises(ValueError, match=r"references\[1\] is an empty list"):
+        evaluate(translator, ["a", "b"], [["a"], []])
+    with pytest.raises(TypeError, match=r"references\[0\]\[1\] is a bytes"):
+        evaluate(translator, ["a"], [["a", b"b"]])
+
+
+def test_several_references_per_sentence_match_sacrebleu_streams():
+    hypotheses = ["Help me!", "I run every day.", "Who is it?"]
+    references = [["Help!", "Help me!", "Save me!"], "I run daily.", ["Who's that?", "Who is it?"]]
+    translator = FixedTranslator(dict(zip(SOURCES, hypotheses)))
+    result = evaluate(translator, SOURCES, references, verbose=0)
+    streams = [["Help!", "I run daily.", "Who's that?"], ["Help me!", None, "Who is it?"],
+               ["Save me!", None, None]]
+    assert result.bleu == pytest.approx(sacrebleu.corpus_bleu(hypotheses, streams).score)
+    assert "nrefs:var" in result.bleu_signature
+    # Any reference counts: scored against only the first of each, BLEU is lower.
+    single = sacrebleu.corpus_bleu(hypotheses, [[r if isinstance(r, str) else r[0]
+                                                 for r in references]])
+    assert result.bleu > single.score
+    same_count = bleu_scores(["a b c d"], [["a b c d", "e f g h"]])[0]
+    assert same_count.score == pytest.approx(100.0) and "nrefs:2" in same_count.signature
+
+
+def test_group_references_merges_repeated_sources_in_order():
+    sources = ["Help!", "Run.", "Help!", "Who?", "Help!", "Run."]
+    references = ["¡Ayuda!", "Corre.", "¡Auxilio!", "¿Quién?", "¡Ayuda!", "Corred."]
+    unique, grouped = group_references(sources, references)
+    assert unique == ["Help!", "Run.", "Who?"]
+    assert grouped == [["¡Ayuda!", "¡Auxilio!"], ["Corre.", "Corred."], ["¿Quién?"]]
+    with pytest.raises(ValueError, match="2 sources but 1 references"):
+        group_references(["a", "b"], ["c"])

@@ -91,6 +91,10 @@ def test_anki_smoke_run_reads_the_real_file(tmp_path):
         "--max-length", "32", "--tokens-per-batch", "512", *TINY_MODEL,
     ])
     assert results["recipe"] == "anki-en-es"
+    # The first test sentences include "Help!", listed once per translation: it is
+    # translated once and scored against all of them, and pair by pair as well.
+    assert results["test_sentences"] == 3 and results["test_references"] > 3
+    assert set(results["per_pair"]) == {"bleu", "bleu_lowercase"}
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax",

@@ -11,7 +11,8 @@ A recipe supplies its corpus and its defaults; `run` does the rest:
    checkpoints (§6.1), and evaluate on the test split with beam search,
 6. with `--export-dir`, export `model.keras` as a TensorFlow SavedModel.
 
-Run it again with the same command after a crash: it resumes.
+Run it again with the same command after a crash: it resumes. Add
+`--evaluate-only` to score a finished run again without training.
 """
 
 import argparse
@@ -87,6 +88,11 @@ def build_parser(name, description, defaults):
     evaluation.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
     evaluation.add_argument("--eval-limit", type=int,
                             help="evaluate on only the first N distinct test sentences")
+    evaluation.add_argument("--evaluate-only", action="store_true",
+                            help="train nothing: evaluate the run directory's model.keras (and "
+                                 "model_averaged.keras) on the test split again, e.g. with "
+                                 "another --beam-size or --eval-limit; results.json keeps the "
+                                 "training figures")
     evaluation.add_argument("--export-dir",
                             help="also export model.keras as a TensorFlow SavedModel to "
                                  "EXPORT_DIR/VERSION/ (the next free version), e.g. "
@@ -191,6 +197,8 @@ def run(args, splits, name):
     train, validation, test = splits["train"], splits["validation"], splits["test"]
     print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
           f"{len(test.sources)} test")
+    if args.evaluate_only:
+        return _evaluate_finished_run(args, test, name)
 
     distributed = distribution.setup(args.distribute, args.model_parallel)
     if distributed.kind != "none":
@@ -300,6 +308,45 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="t
         results["per_pair"] = {"bleu": cased.score, "bleu_lowercase": lowercase.score}
         print(f"Scored pair by pair ({pairs} pairs, one reference each): BLEU "
               f"{cased.score:.2f}, lower-cased {lowercase.score:.2f}")
+    return results
+
+
+def _evaluate_finished_run(args, test, name):
+    """`--evaluate-only`: scores the saved model(s) of a finished run again and
+    updates the evaluation figures of its results.json."""
+    import keras
+
+    from keras_transformer.training.tokenizers import SubwordTokenizer
+
+    model_path = os.path.join(args.run_dir, "model.keras")
+    names = ("source_tokenizer", "target_tokenizer") if args.separate_vocabularies else ("tokenizer",)
+    needed = [model_path] + [os.path.join(args.run_dir, n, "tokenizer.json") for n in names]
+    missing = [path for path in needed if not os.path.exists(path)]
+    if missing:
+        raise FileNotFoundError(
+            f"--evaluate-only needs a finished run in {args.run_dir!r}, but {missing[0]!r} "
+            "does not exist: train it first with the same command without --evaluate-only.")
+    if not test.sources:
+        raise ValueError("--evaluate-only: this corpus has no test split.")
+    tokenizers = [SubwordTokenizer.load(os.path.join(args.run_dir, n)) for n in names]
+    results_path = os.path.join(args.run_dir, "results.json")
+    results = {"recipe": name}
+    if os.path.exists(results_path):
+        with open(results_path) as f:
+            results = json.load(f)
+    for key in ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "test_sentences",
+                "test_references", "sentences_per_second", "per_pair", "averaged"):
+        results.pop(key, None)
+    model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
+    results.update(evaluate_test(args, model, tokenizers[0], tokenizers[-1], test))
+    averaged_path = os.path.join(args.run_dir, "model_averaged.keras")
+    if os.path.exists(averaged_path):
+        print(f"Evaluating the averaged model {averaged_path}:")
+        averaged = keras.saving.load_model(averaged_path, compile=False, safe_mode=True)
+        results["averaged"] = evaluate_test(args, averaged, tokenizers[0], tokenizers[-1], test,
+                                            "test_hypotheses_averaged")
+    with open(results_path, "w") as f:
+        json.dump(results, f, indent=2)
     return results
 
 

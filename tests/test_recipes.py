@@ -2,6 +2,7 @@
 real SIGKILL, checkpoint averaging, and the command lines' help and errors."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -61,6 +62,21 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
     assert "bleu" in results["averaged"]
     assert os.path.exists(os.path.join(run_dir, "test_hypotheses_averaged.txt"))
     assert [row["epoch"] for row in read_log(run_dir)] == ["0", "1"]
+
+    # --evaluate-only scores the saved models again (here greedy) and keeps the
+    # training figures; the checkpoints and the log are left as they were.
+    again = quickstart.main([
+        "--run-dir", run_dir, "--train-pairs", "200", "--test-pairs", "8", *TINY_MODEL,
+        "--beam-size", "1", "--alpha", "0", "--evaluate-only",
+    ])
+    assert again["steps"] == 6 and again["train_seconds"] == results["train_seconds"]
+    assert "bleu" in again and "bleu" in again["averaged"] and "saved_model" in again
+    with open(os.path.join(run_dir, "results.json")) as f:
+        assert json.load(f) == again
+    assert [row["epoch"] for row in read_log(run_dir)] == ["0", "1"]
+    with pytest.raises(FileNotFoundError, match="needs a finished run"):
+        quickstart.main(["--run-dir", str(tmp_path / "nothing"), "--evaluate-only",
+                         "--train-pairs", "200", "--test-pairs", "8", *TINY_MODEL])
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16"])

@@ -7,7 +7,7 @@ validation split: perplexity per subword token (cross-entropy without label
 smoothing) and BLEU of beam search. The rows follow Table 3:
 
     (A) heads 1 / 4 / 8 / 16 at constant compute, h · d_k = d_model
-    (B) smaller attention keys d_k
+    (B) smaller attention keys d_k (d_v unchanged)
     (C) model size: N, d_model, d_ff
     (D) dropout 0 and 0.2, no label smoothing
     (E) learned instead of sinusoidal positions
@@ -56,7 +56,7 @@ _SCALED = ("key_dim", "d_model", "d_ff")  # float overrides scale the base value
 
 def variant_config(base, overrides):
     """The TransformerConfig of one variant: `overrides` on `base`, with d_k =
-    d_v = d_model / h unless the variant sets d_k."""
+    d_v = d_model / h, except that row (B) sets d_k alone and keeps d_v."""
     values = {}
     for field, value in overrides.items():
         if field in _SCALED and isinstance(value, float):
@@ -68,7 +68,7 @@ def variant_config(base, overrides):
     if d_model % heads:
         raise ValueError(f"d_model={d_model} is not divisible by h={heads}.")
     key_dim = values.pop("key_dim", d_model // heads)
-    return dataclasses.replace(base, key_dim=key_dim, value_dim=key_dim, **values)
+    return dataclasses.replace(base, key_dim=key_dim, value_dim=d_model // heads, **values)
 
 
 def build_parser():
@@ -205,6 +205,7 @@ def _train_and_measure(args, name, config, tokenizer, splits):
     row = {
         "variant": name, "group": group, "N": config.num_layers, "d_model": config.d_model,
         "d_ff": config.d_ff, "h": config.num_heads, "d_k": config.resolved_key_dim,
+        "d_v": config.resolved_value_dim,
         "dropout": config.dropout_rate, "label_smoothing": config.label_smoothing,
         "positions": config.position_encoding, "parameters": model.count_params(),
         "steps": steps, "train_seconds": round(train_seconds, 1),
@@ -220,7 +221,7 @@ def _train_and_measure(args, name, config, tokenizer, splits):
 
 
 COLUMNS = [("variant", "variant"), ("group", "Table 3"), ("N", "N"), ("d_model", "d_model"),
-           ("d_ff", "d_ff"), ("h", "h"), ("d_k", "d_k"), ("dropout", "P_drop"),
+           ("d_ff", "d_ff"), ("h", "h"), ("d_k", "d_k"), ("d_v", "d_v"), ("dropout", "P_drop"),
            ("label_smoothing", "ε_ls"), ("positions", "positions"), ("parameters", "params"),
            ("steps", "steps"), ("train_seconds", "train s"), ("dev_perplexity", "dev PPL"),
            ("dev_bleu", "dev BLEU"), ("dev_bleu_lowercase", "dev BLEU (lc)")]

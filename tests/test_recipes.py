@@ -131,7 +131,7 @@ def test_table3_smoke_run_tabulates_the_variants_and_skips_finished_ones(tmp_pat
     assert [(row["h"], row["d_k"]) for row in rows] == [(2, 16), (1, 32)]
     assert all(row["steps"] == 2 and row["dev_perplexity"] > 1 for row in rows)
     table = (run_dir / "results.md").read_text()
-    assert len(table.splitlines()) == 2 + 2 and "| heads1 | A | 1 | 32 |" in table
+    assert len(table.splitlines()) == 2 + 2 and "| heads1 | A | 1 | 32 | 64 | 1 | 32 | 32 |" in table
     assert (run_dir / "results.png").stat().st_size > 0
     # Finished variants are read back, not trained again.
     assert table3.main(arguments) == rows
@@ -145,7 +145,11 @@ def test_table3_variants_follow_the_paper_rows():
     assert [(sizes[n].num_heads, sizes[n].resolved_key_dim)
             for n in ("heads1", "base", "heads8", "heads16")] == [(1, 256), (4, 64), (8, 32),
                                                                   (16, 16)]
-    assert sizes["key_dim_half"].resolved_key_dim == 32
+    assert [(sizes[n].resolved_key_dim, sizes[n].resolved_value_dim)
+            for n in ("heads1", "heads16")] == [(256, 256), (16, 16)]
+    # (B): smaller keys only; the values keep d_v = d_model / h.
+    assert (sizes["key_dim_half"].resolved_key_dim, sizes["key_dim_half"].resolved_value_dim) \
+        == (32, 64)
     assert sizes["d_model_double"].d_model == 512 and sizes["d_model_double"].resolved_key_dim == 128
     assert sizes["dropout0"].dropout_rate == 0.0 and sizes["no_label_smoothing"].label_smoothing == 0
     assert sizes["learned_positions"].position_encoding == "learned"

@@ -98,6 +98,15 @@ def test_all_padding_rows_give_finite_outputs(model):
     assert np.isfinite(keras.ops.convert_to_numpy(logits)).all()
 
 
+def test_decoding_a_model_with_d_k_unequal_d_v_is_refused_clearly():
+    config = kt.TransformerConfig.tiny(vocab_size=CharTokenizer.vocab_size, num_layers=1,
+                                       key_dim=8, value_dim=16)
+    translator = Translator(kt.Transformer(config), CharTokenizer())
+    for beam_size in (1, 2):
+        with pytest.raises(ValueError, match="needs key_dim == value_dim, got 8 and 16"):
+            translator.translate(["abc"], beam_size=beam_size)
+
+
 # Text: strings where lists are expected, bytes, empty and over-long sentences.
 @pytest.fixture
 def translator():

@@ -147,9 +147,10 @@ def test_table3_variants_follow_the_paper_rows():
                                                                   (16, 16)]
     assert [(sizes[n].resolved_key_dim, sizes[n].resolved_value_dim)
             for n in ("heads1", "heads16")] == [(256, 256), (16, 16)]
-    # (B): smaller keys only; the values keep d_v = d_model / h.
+    # (B): smaller keys, and values of the same width, which cached decoding needs.
     assert (sizes["key_dim_half"].resolved_key_dim, sizes["key_dim_half"].resolved_value_dim) \
-        == (32, 64)
+        == (32, 32)
+    assert all(c.resolved_key_dim == c.resolved_value_dim for c in sizes.values())
     assert sizes["d_model_double"].d_model == 512 and sizes["d_model_double"].resolved_key_dim == 128
     assert sizes["dropout0"].dropout_rate == 0.0 and sizes["no_label_smoothing"].label_smoothing == 0
     assert sizes["learned_positions"].position_encoding == "learned"

@@ -82,6 +82,14 @@ def cross_attention_caches(model, encoder_outputs):
     >>> encoded, mask = model.encode(source_ids)
     >>> caches = cross_attention_caches(model, encoded)
     """
+    config = model.config
+    if config.resolved_key_dim != config.resolved_value_dim:
+        raise ValueError(
+            "Cached decoding stores keys and values in one tensor and needs "
+            f"key_dim == value_dim, got {config.resolved_key_dim} and "
+            f"{config.resolved_value_dim}: such a model trains and scores with "
+            "model(...), but cannot translate."
+        )
     caches = []
     for block in model.decoder_blocks:
         attention = block.cross_attention

@@ -356,7 +356,8 @@ def plot_variants(path, rows, title="Table 3 variants"):
 
     Args:
         path: PNG file to write.
-        rows: dicts with "variant", "dev_bleu" and "dev_perplexity".
+        rows: dicts with "variant", "dev_bleu" and "dev_perplexity"; a row named
+            "base" gets a dashed line across both charts.
         title: Figure title.
 
     Returns:
@@ -371,6 +372,11 @@ def plot_variants(path, rows, title="Table 3 variants"):
     bleu_axes.set_xlabel("dev BLEU (13a, cased)")
     perplexity_axes.barh(labels, [row["dev_perplexity"] for row in rows], color="tab:orange")
     perplexity_axes.set_xlabel("dev perplexity per subword token")
+    base = next((row for row in rows if row["variant"] == "base"), None)
+    if base is not None:  # a dashed line at the base row, to read each variant against it
+        bleu_axes.axvline(base["dev_bleu"], color="black", linestyle="--", linewidth=1)
+        perplexity_axes.axvline(base["dev_perplexity"], color="black", linestyle="--",
+                                linewidth=1)
     bleu_axes.invert_yaxis()
     figure.suptitle(title)
     figure.tight_layout()

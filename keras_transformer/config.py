@@ -6,13 +6,24 @@ with `dataclasses.replace`, not code:
     base = TransformerConfig.base(vocab_size=37000)
     one_head = dataclasses.replace(base, num_heads=1, key_dim=512, value_dim=512)
     learned = dataclasses.replace(base, position_encoding="learned")
+
+`table3_variants(base)` builds the variants that `recipes/table3.py` trains, each
+a config derived from `base` in one way.
 """
 
 import dataclasses
+import numbers
 from typing import Optional
 
-POSITION_ENCODINGS = ("sinusoidal", "learned")
-NORM_POSITIONS = ("post", "pre")
+from keras_transformer.validation import (
+    NORM_POSITIONS,
+    POSITION_ENCODINGS,
+    check_choice,
+    check_non_negative_int,
+    check_positive_int,
+    check_rate,
+    head_dims,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,49 +88,37 @@ class TransformerConfig:
     warmup_steps: int = 4000
 
     def __post_init__(self):
+        # Checked values are stored back as plain ints and floats, so that a numpy
+        # integer from a data pipeline still gives a config that saves as JSON.
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
                      "max_length", "warmup_steps"):
-            _check_positive_int(name, getattr(self, name))
+            self._store(name, check_positive_int(name, getattr(self, name)))
         for name in ("target_vocab_size", "key_dim", "value_dim"):
             if getattr(self, name) is not None:
-                _check_positive_int(name, getattr(self, name))
-        if self.key_dim is None and self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by "
-                f"num_heads={self.num_heads}: choose d_model as a multiple of "
-                "num_heads, or set key_dim (d_k) explicitly."
-            )
+                self._store(name, check_positive_int(name, getattr(self, name)))
+        head_dims(self.d_model, self.num_heads, self.key_dim, self.value_dim)
         for name in ("dropout_rate", "attention_dropout_rate",
                      "activation_dropout_rate", "label_smoothing"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-                raise ValueError(f"{name}={value!r} must be a number in [0, 1).")
-        if self.position_encoding not in POSITION_ENCODINGS:
-            raise ValueError(
-                f"position_encoding={self.position_encoding!r} must be one of "
-                f"{POSITION_ENCODINGS}."
-            )
-        if self.norm_position not in NORM_POSITIONS:
-            raise ValueError(
-                f"norm_position={self.norm_position!r} must be one of {NORM_POSITIONS}."
-            )
-        if not isinstance(self.layer_norm_epsilon, (int, float)) or self.layer_norm_epsilon <= 0:
-            raise ValueError(
-                f"layer_norm_epsilon={self.layer_norm_epsilon!r} must be a positive number."
-            )
-        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or not (
-            0 <= self.pad_id < min(self.vocab_size, self.resolved_target_vocab_size)
-        ):
-            raise ValueError(
-                f"pad_id={self.pad_id!r} must be an integer id inside both vocabularies "
-                f"(0 <= pad_id < {min(self.vocab_size, self.resolved_target_vocab_size)})."
-            )
+            self._store(name, check_rate(name, getattr(self, name)))
+        check_choice("position_encoding", self.position_encoding, POSITION_ENCODINGS)
+        check_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        epsilon = self.layer_norm_epsilon
+        if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not epsilon > 0:
+            raise ValueError(f"layer_norm_epsilon={epsilon!r} must be a positive number.")
+        pad_limit = min(self.vocab_size, self.resolved_target_vocab_size)
+        pad_rule = f"an id inside both vocabularies (0 <= pad_id < {pad_limit})"
+        self._store("pad_id", check_non_negative_int("pad_id", self.pad_id, pad_rule))
+        if self.pad_id >= pad_limit:
+            raise ValueError(f"pad_id={self.pad_id!r} must be {pad_rule}.")
         if self.share_embeddings and self.resolved_target_vocab_size != self.vocab_size:
             raise ValueError(
                 f"share_embeddings=True needs one shared vocabulary, but vocab_size="
                 f"{self.vocab_size} and target_vocab_size={self.target_vocab_size}: "
                 "set share_embeddings=False or use a shared vocabulary."
             )
+
+    def _store(self, name, value):
+        object.__setattr__(self, name, value)  # the dataclass is frozen
 
     @property
     def resolved_target_vocab_size(self):
@@ -129,12 +128,12 @@ class TransformerConfig:
     @property
     def resolved_key_dim(self):
         """d_k: `key_dim`, or `d_model // num_heads` when it is not set."""
-        return self.key_dim or self.d_model // self.num_heads
+        return head_dims(self.d_model, self.num_heads, self.key_dim, self.value_dim)[0]
 
     @property
     def resolved_value_dim(self):
         """d_v: `value_dim`, or d_k when it is not set."""
-        return self.value_dim or self.resolved_key_dim
+        return head_dims(self.d_model, self.num_heads, self.key_dim, self.value_dim)[1]
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -180,6 +179,82 @@ class TransformerConfig:
         return cls(vocab_size=vocab_size, **values)
 
 
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive integer.")
+def _table3_changes(base):
+    """name -> (Table 3 row, the fields in which the variant differs from `base`).
+
+    Sizes in rows (B) and (C) are relative to the base, so the rows apply at any
+    scale; head and layer counts are the values the variants are named after.
+    key_dim=None and value_dim=None let d_k = d_v follow d_model / h.
+    """
+    def heads(num_heads):  # h · d_k = d_model: constant compute
+        return dict(num_heads=num_heads, key_dim=None, value_dim=None)
+
+    def width(d_model):
+        return dict(d_model=d_model, key_dim=None, value_dim=None)
+
+    return {
+        "base": ("", {}),
+        "heads1": ("A", heads(1)),
+        "heads8": ("A", heads(8)),
+        "heads16": ("A", heads(16)),
+        # The paper shrinks d_k alone and keeps d_v = d_model / h.
+        "key_dim_half": ("B", dict(key_dim=base.resolved_key_dim // 2,
+                                   value_dim=base.resolved_value_dim)),
+        "layers2": ("C", dict(num_layers=2)),
+        "layers4": ("C", dict(num_layers=4)),
+        "d_model_half": ("C", width(base.d_model // 2)),
+        "d_model_double": ("C", width(base.d_model * 2)),
+        "d_ff_half": ("C", dict(d_ff=base.d_ff // 2)),
+        "d_ff_double": ("C", dict(d_ff=base.d_ff * 2)),
+        "dropout0": ("D", dict(dropout_rate=0.0)),
+        "dropout0.2": ("D", dict(dropout_rate=0.2)),
+        "no_label_smoothing": ("D", dict(label_smoothing=0.0)),
+        "learned_positions": ("E", dict(position_encoding="learned")),
+    }
+
+
+# The names and their order do not depend on the base row.
+TABLE3_VARIANT_NAMES = tuple(_table3_changes(TransformerConfig.base(vocab_size=1)))
+
+
+def table3_variants(base, names=None):
+    """The variations of Table 3 (§6.2) on a base config.
+
+    (A) h = 1, 8, 16 heads at constant compute, h · d_k = h · d_v = d_model;
+    (B) d_k halved, d_v kept; (C) N = 2, 4 layers, d_model halved or doubled
+    (with d_k = d_v = d_model / h), d_ff halved or doubled; (D) P_drop = 0 and
+    0.2, ε_ls = 0; (E) learned instead of sinusoidal positions. Every other
+    field keeps the base's value.
+
+    Args:
+        base: The base row, a `TransformerConfig` (the recipes use `small`).
+        names: The variants to build, in order; None for all of
+            `TABLE3_VARIANT_NAMES`.
+
+    Returns:
+        A dict, in the order of `names`: name -> (Table 3 row letter, "" for the
+        base row; `TransformerConfig`).
+
+    Example:
+
+    >>> variants = table3_variants(TransformerConfig.small(vocab_size=8000))
+    >>> row, config = variants["key_dim_half"]
+    >>> row, config.resolved_key_dim, config.resolved_value_dim
+    ('B', 32, 64)
+    """
+    names = TABLE3_VARIANT_NAMES if names is None else tuple(names)
+    unknown = [name for name in names if name not in TABLE3_VARIANT_NAMES]
+    if unknown:
+        raise ValueError(
+            f"Unknown Table 3 variant(s) {unknown}: choose from {', '.join(TABLE3_VARIANT_NAMES)}."
+        )
+    changes = _table3_changes(base)
+    variants = {}
+    for name in names:
+        row, fields = changes[name]
+        try:
+            variants[name] = (row, dataclasses.replace(base, **fields))
+        except ValueError as error:
+            raise ValueError(f"Table 3 variant {name!r} does not fit this base config: {error}") \
+                from error
+    return variants

@@ -7,10 +7,14 @@ validation split: perplexity per subword token (cross-entropy without label
 smoothing) and BLEU of beam search. The rows follow Table 3:
 
     (A) heads 1 / 4 / 8 / 16 at constant compute, h · d_k = d_model
-    (B) smaller attention keys d_k (and d_v with it: see `variant_config`)
+    (B) smaller attention keys d_k, with d_v = d_model / h kept
     (C) model size: N, d_model, d_ff
     (D) dropout 0 and 0.2, no label smoothing
     (E) learned instead of sinusoidal positions
+
+The variants are configs, built by `keras_transformer.config.table3_variants`
+from the base row (the `small` preset, or the sizes given on the command line);
+this script picks them by name and trains them.
 
 Each variant trains in `RUN_DIR/VARIANT/` with checkpoints, so an interrupted
 run started again skips finished variants and resumes the current one (whose
@@ -22,59 +26,14 @@ time budget then starts over). The table goes to `RUN_DIR/results.md` (and
 """
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import time
 
+from keras_transformer.config import TABLE3_VARIANT_NAMES, table3_variants
 from keras_transformer.training.data import load_multi30k
 from recipes import common
-
-# The small-scale base row: the `small` preset (N=3, d_model=256, h=4, d_k=64,
-# d_ff=1024, P_drop=0.1, ε_ls=0.1, sinusoidal positions).
-# Each variant: (Table 3 group, overrides; "key_dim" None means d_model // h).
-VARIANTS = {
-    "base": ("", {}),
-    "heads1": ("A", {"num_heads": 1}),
-    "heads8": ("A", {"num_heads": 8}),
-    "heads16": ("A", {"num_heads": 16}),
-    "key_dim_half": ("B", {"key_dim": 0.5}),
-    "layers2": ("C", {"num_layers": 2}),
-    "layers4": ("C", {"num_layers": 4}),
-    "d_model_half": ("C", {"d_model": 0.5}),
-    "d_model_double": ("C", {"d_model": 2.0}),
-    "d_ff_half": ("C", {"d_ff": 0.5}),
-    "d_ff_double": ("C", {"d_ff": 2.0}),
-    "dropout0": ("D", {"dropout_rate": 0.0}),
-    "dropout0.2": ("D", {"dropout_rate": 0.2}),
-    "no_label_smoothing": ("D", {"label_smoothing": 0.0}),
-    "learned_positions": ("E", {"position_encoding": "learned"}),
-}
-_SCALED = ("key_dim", "d_model", "d_ff")  # float overrides scale the base value
-
-
-def variant_config(base, overrides):
-    """The TransformerConfig of one variant: `overrides` on `base`, with d_k =
-    d_v = d_model / h unless the variant sets d_k.
-
-    Row (B) sets d_v = d_k too, where the paper changes d_k alone: the cached
-    decoder keeps keys and values in one tensor and needs d_k = d_v
-    (`Transformer.initial_cache`), and BLEU needs decoding.
-    """
-    values = {}
-    for field, value in overrides.items():
-        if field in _SCALED and isinstance(value, float):
-            reference = base.resolved_key_dim if field == "key_dim" else getattr(base, field)
-            value = max(1, int(round(reference * value)))
-        values[field] = value
-    d_model = values.get("d_model", base.d_model)
-    heads = values.get("num_heads", base.num_heads)
-    if d_model % heads:
-        raise ValueError(f"d_model={d_model} is not divisible by h={heads}.")
-    key_dim = values.pop("key_dim", d_model // heads)
-    return dataclasses.replace(base, key_dim=key_dim, value_dim=key_dim, **values)
-
 
 def build_parser():
     parser = argparse.ArgumentParser(
@@ -83,8 +42,8 @@ def build_parser():
                     "tabulate dev perplexity and BLEU.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma-separated subset of: {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default=",".join(TABLE3_VARIANT_NAMES),
+                        help=f"comma-separated subset of: {', '.join(TABLE3_VARIANT_NAMES)}")
     parser.add_argument("--minutes", type=float, default=8.0,
                         help="training time per variant")
     parser.add_argument("--max-steps", type=int, default=100000,
@@ -123,9 +82,10 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
-    unknown = [name for name in names if name not in VARIANTS]
+    unknown = [name for name in names if name not in TABLE3_VARIANT_NAMES]
     if unknown or not names:
-        parser.error(f"unknown variant(s) {unknown}: choose from {', '.join(VARIANTS)}")
+        parser.error(f"unknown variant(s) {unknown}: choose from "
+                     f"{', '.join(TABLE3_VARIANT_NAMES)}")
     for name in ("max_steps", "vocab_size", "max_length", "tokens_per_batch", "warmup_steps",
                  "checkpoint_every", "num_layers", "d_model", "num_heads", "d_ff", "beam_size"):
         if getattr(args, name) <= 0:
@@ -149,20 +109,19 @@ def main(argv=None):
         num_heads=args.num_heads, d_ff=args.d_ff, max_length=args.max_length,
         warmup_steps=args.warmup_steps,
     )
-    configs = {name: variant_config(base, VARIANTS[name][1]) for name in names}
+    variants = table3_variants(base, names)
 
     rows = []
-    for name in names:
-        print(f"== Table 3 variant {name} ({VARIANTS[name][0] or 'base'}), "
-              f"{args.minutes:g} min budget")
-        rows.append(_train_and_measure(args, name, configs[name], tokenizer, splits))
+    for name, (group, config) in variants.items():
+        print(f"== Table 3 variant {name} ({group or 'base'}), {args.minutes:g} min budget")
+        rows.append(_train_and_measure(args, name, group, config, tokenizer, splits))
         _write_results(args.run_dir, rows)
     print(_markdown(rows))
     print(f"Wrote {os.path.join(args.run_dir, 'results.md')}")
     return rows
 
 
-def _train_and_measure(args, name, config, tokenizer, splits):
+def _train_and_measure(args, name, group, config, tokenizer, splits):
     import keras
 
     import keras_transformer as kt
@@ -181,7 +140,8 @@ def _train_and_measure(args, name, config, tokenizer, splits):
 
     keras.utils.set_random_seed(args.seed)
     dataset_args = dict(source_tokenizer=tokenizer, target_tokenizer=tokenizer,
-                        max_length=args.max_length, tokens_per_batch=args.tokens_per_batch)
+                        max_sentence_length=args.max_length,
+                        tokens_per_batch=args.tokens_per_batch)
     train, _ = make_dataset(splits["train"].sources, splits["train"].targets, repeat=True,
                             seed=args.seed, verbose=False, **dataset_args)
     validation = splits["validation"]
@@ -206,7 +166,6 @@ def _train_and_measure(args, name, config, tokenizer, splits):
     result = evaluate(Translator(model, tokenizer), validation.sources[:limit],
                       validation.targets[:limit], beam_size=args.beam_size, alpha=args.alpha)
 
-    group, _ = VARIANTS[name]
     row = {
         "variant": name, "group": group, "N": config.num_layers, "d_model": config.d_model,
         "d_ff": config.d_ff, "h": config.num_heads, "d_k": config.resolved_key_dim,

@@ -1,11 +1,13 @@
-"""End-to-end training with model.fit (§5): mixed precision, and a model that learns."""
+"""End-to-end training with model.fit (§5) on the toy tasks: their vocabulary and
+arrays, mixed precision, and a model that learns."""
 
 import keras
 import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.training.toy_tasks import reverse_task
+from keras_transformer.training.tokenizers import SubwordTokenizer
+from keras_transformer.training.toy_tasks import ToyVocabulary, copy_task, reverse_task
 
 
 def compile_model(model, learning_rate=None, warmup_steps=100, scale=1.0):
@@ -18,6 +20,51 @@ def compile_model(model, learning_rate=None, warmup_steps=100, scale=1.0):
         loss=kt.LabelSmoothedCrossEntropy(model.config.label_smoothing),
         metrics=[kt.MaskedTokenAccuracy()],
     )
+
+
+def test_toy_vocabulary_has_the_special_ids_of_subword_tokenizers():
+    vocabulary = ToyVocabulary(12)
+    for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
+        assert getattr(vocabulary, name) == getattr(SubwordTokenizer, name)
+    assert vocabulary.vocab_size == 12
+
+
+def test_toy_vocabulary_round_trip_skips_special_ids():
+    vocabulary = ToyVocabulary(12)
+    assert vocabulary.tokenize(["w4 w11", "", "w3 w12 cat w5"]) == [[4, 11], [], [1, 1, 1, 5]]
+    assert vocabulary.detokenize([[4, 11], np.array([2, 5, 0, 1, 6, 3, 7, 0])]) == ["w4 w11",
+                                                                                    "w5 w6"]
+    with pytest.raises(TypeError, match="list of strings"):
+        vocabulary.tokenize("w4")
+    with pytest.raises(ValueError, match="vocab_size=4 must be above 4"):
+        ToyVocabulary(4)
+
+
+@pytest.mark.parametrize("task, arrange", [(copy_task, lambda words: words),
+                                           (reverse_task, lambda words: words[::-1])])
+def test_toy_tasks_use_the_ids_of_their_vocabulary(task, arrange):
+    vocabulary = ToyVocabulary(9)
+    inputs, labels = task(50, min_sentence_length=2, max_sentence_length=5, seed=4,
+                          vocabulary=vocabulary)
+    assert inputs["source"].shape == inputs["target"].shape == labels.shape == (50, 6)
+    sources = vocabulary.detokenize(inputs["source"])
+    assert vocabulary.detokenize(labels) == [" ".join(arrange(s.split())) for s in sources]
+    assert {len(s.split()) for s in sources} == {2, 3, 4, 5}
+    words = inputs["source"][inputs["source"] >= 4]
+    assert words.min() == 4 and words.max() == 8
+    np.testing.assert_array_equal(inputs["target"][:, 0], vocabulary.bos_id)
+    np.testing.assert_array_equal(inputs["target"][:, 1:], np.where(
+        labels[:, :-1] == vocabulary.eos_id, vocabulary.pad_id, labels[:, :-1]))
+    assert np.all((labels == vocabulary.eos_id).sum(1) == 1)
+    assert np.all((inputs["source"] == vocabulary.eos_id).sum(1) == 1)
+    # Without a vocabulary, the task makes one of `vocab_size`.
+    again, _ = task(50, vocab_size=9, min_sentence_length=2, max_sentence_length=5, seed=4)
+    np.testing.assert_array_equal(again["source"], inputs["source"])
+
+
+def test_bad_toy_task_lengths_are_explained():
+    with pytest.raises(ValueError, match="min_sentence_length=3 is above max_sentence_length=2"):
+        copy_task(4, min_sentence_length=3, max_sentence_length=2)
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])

@@ -15,6 +15,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.validation import check_positive_int
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TokenEmbedding(keras.layers.Layer):
@@ -60,16 +62,13 @@ class TokenEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive integer.")
-        self._vocab_size = vocab_size
-        self._d_model = d_model
+        self._vocab_size = check_positive_int("vocab_size", vocab_size)
+        self._d_model = check_positive_int("d_model", d_model)
         self._scale_embeddings = scale_embeddings
         self._use_output_bias = use_output_bias
         self._embeddings_initializer = keras.initializers.get(
             embeddings_initializer
-            or keras.initializers.RandomNormal(stddev=d_model**-0.5)
+            or keras.initializers.RandomNormal(stddev=self._d_model**-0.5)
         )
 
     @property
@@ -207,9 +206,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
     def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(max_length, int) or max_length <= 0:
-            raise ValueError(f"max_length={max_length!r} must be a positive integer.")
-        self._max_length = max_length
+        self._max_length = check_positive_int("max_length", max_length)
         self._initializer = keras.initializers.get(initializer)
 
     @property

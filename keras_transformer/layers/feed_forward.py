@@ -8,6 +8,8 @@ width is d_ff (2048 in the base model).
 
 import keras
 
+from keras_transformer.validation import check_positive_int, check_rate
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -47,16 +49,14 @@ class PositionwiseFeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(d_ff, int) or d_ff <= 0:
-            raise ValueError(f"d_ff={d_ff!r} must be a positive integer.")
-        if not 0 <= activation_dropout_rate < 1:
-            raise ValueError(
-                f"activation_dropout_rate={activation_dropout_rate!r} must be in [0, 1)."
-            )
-        self._d_ff = d_ff
-        self._output_dim = output_dim
+        self._d_ff = check_positive_int("d_ff", d_ff)
+        self._output_dim = None if output_dim is None else check_positive_int(
+            "output_dim", output_dim, "pass None for the input's width"
+        )
         self._activation = keras.activations.get(activation)
-        self._activation_dropout_rate = activation_dropout_rate
+        self._activation_dropout_rate = check_rate(
+            "activation_dropout_rate", activation_dropout_rate
+        )
         self._kernel_initializer = keras.initializers.get(kernel_initializer)
 
     @property
@@ -93,6 +93,12 @@ class PositionwiseFeedForward(keras.layers.Layer):
         hidden = self.inner_dense(inputs)
         hidden = self.activation_dropout(hidden, training=training)
         return self.output_dense(hidden)
+
+    def compute_output_spec(self, inputs, training=None):
+        # Stated rather than traced: the torch backend traces the sublayers in
+        # float32 under a mixed policy, where eager calls return the compute dtype.
+        output_dim = self._output_dim or inputs.shape[-1]
+        return keras.KerasTensor((*inputs.shape[:-1], output_dim), dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from keras_transformer.validation import check_positive_int, check_rate
+
 ParallelCorpus = collections.namedtuple("ParallelCorpus", ["sources", "targets"])
 
 MULTI30K_FILES = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
@@ -94,12 +96,13 @@ def split_by_source(corpus, validation_fraction=0.05, test_fraction=0.05, seed=0
     Returns:
         {"train", "validation", "test"} → ParallelCorpus.
     """
-    for name, value in (("validation_fraction", validation_fraction),
-                        ("test_fraction", test_fraction)):
-        if not 0 <= value < 1:
-            raise ValueError(f"{name}={value!r} must be in [0, 1).")
+    check_rate("validation_fraction", validation_fraction)
+    check_rate("test_fraction", test_fraction)
     if validation_fraction + test_fraction >= 1:
-        raise ValueError("validation_fraction + test_fraction must leave room for training.")
+        raise ValueError(
+            f"validation_fraction={validation_fraction} + test_fraction={test_fraction} "
+            "leaves no pairs for training: their sum must be below 1."
+        )
     key = key or (lambda source, target: source)
     keys = sorted({key(s, t) for s, t in zip(*corpus)})
     np.random.default_rng(seed).shuffle(keys)
@@ -179,29 +182,39 @@ def _words(syllables):
     return [a + b for a in syllables for b in syllables if a != b]
 
 
-def synthetic_translation(num_examples, seed=0, min_length=3, max_length=10, num_words=120):
+def synthetic_translation(num_examples, seed=0, min_sentence_length=3, max_sentence_length=10,
+                          num_words=120):
     """A deterministic synthetic translation task.
 
-    Each source sentence is `min_length`..`max_length` words drawn from a
-    vocabulary of `num_words` made-up words; its translation maps every word
-    through a fixed one-to-one dictionary and reverses the word order (like a
-    verb-final language), ending with a full stop.
+    Each source sentence is `min_sentence_length`..`max_sentence_length` words
+    drawn from a vocabulary of `num_words` made-up words; its translation maps
+    every word through a fixed one-to-one dictionary and reverses the word order
+    (like a verb-final language), ending with a full stop.
 
     Returns:
         A ParallelCorpus of `num_examples` sentence pairs.
     """
     source_words, target_words = _words(_SOURCE_SYLLABLES), _words(_TARGET_SYLLABLES)
-    if not 1 <= num_words <= len(source_words):
-        raise ValueError(f"num_words={num_words} must be in [1, {len(source_words)}].")
-    if not 1 <= min_length <= max_length:
-        raise ValueError(f"Need 1 <= min_length <= max_length, got {min_length}, {max_length}.")
+    vocabulary = len(source_words)
+    if check_positive_int("num_words", num_words) > vocabulary:
+        raise ValueError(
+            f"num_words={num_words} must be at most {vocabulary}, the made-up words there are."
+        )
+    check_positive_int("min_sentence_length", min_sentence_length)
+    check_positive_int("max_sentence_length", max_sentence_length)
+    if min_sentence_length > max_sentence_length:
+        raise ValueError(
+            f"min_sentence_length={min_sentence_length} is above max_sentence_length="
+            f"{max_sentence_length}: the shortest sentence cannot be longer than the longest."
+        )
     dictionary_rng = np.random.default_rng(12345)  # the language is the same for every seed
     source_words = list(dictionary_rng.permutation(source_words)[:num_words])
     target_words = list(dictionary_rng.permutation(target_words)[:num_words])
     rng = np.random.default_rng(seed)
     sources, targets = [], []
     for _ in range(num_examples):
-        indices = rng.integers(0, num_words, size=rng.integers(min_length, max_length + 1))
+        length = rng.integers(min_sentence_length, max_sentence_length + 1)
+        indices = rng.integers(0, num_words, size=length)
         sources.append(" ".join(source_words[i] for i in indices))
         targets.append(" ".join(target_words[i] for i in indices[::-1]) + " .")
     return ParallelCorpus(sources, targets)

@@ -4,19 +4,27 @@
 training batch contained a set of sentence pairs containing approximately 25000
 source tokens and 25000 target tokens." (§5.1)
 
-`make_dataset` tokenizes, adds the begin/end tokens, drops or truncates
-over-long pairs (and counts them), buckets pairs by length into batches of at
-most `tokens_per_batch` source and target tokens (padding included), shifts the
-decoder input right, and prefetches. Each bucket pads to a fixed length, so a
-compiled train step sees a handful of shapes, not one per batch. The dataset
-works with `model.fit` on every Keras backend.
+`make_dataset` tokenizes, adds the begin/end tokens, drops or truncates pairs
+longer than `max_sentence_length` tokens (and counts them), buckets pairs by
+length into batches of at most `tokens_per_batch` source and target tokens
+(padding included), shifts the decoder input right, and prefetches. Each bucket
+pads to a fixed length, so a compiled train step sees a handful of shapes, not
+one per batch. The dataset works with `model.fit` on every Keras backend.
+
+The special ids (begin, end, padding) come from the tokenizers it is given
+(`bos_id`, `eos_id`, `pad_id`), so any object with those attributes and
+`tokenize` works as a tokenizer.
+
+`max_sentence_length` is a property of the data: it is not the model's
+`TransformerConfig.max_length` (the positions a model accepts), which must be
+at least as large for learned positions.
 """
 
 import dataclasses
 
 import numpy as np
 
-from keras_transformer.training.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.validation import check_choice, check_positive_int
 
 OVERLONG_POLICIES = ("drop", "truncate")
 
@@ -44,26 +52,36 @@ class PipelineStats:
 
 
 def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
-                 max_length=128, overlong="drop"):
+                 max_sentence_length=128, overlong="drop"):
     """Tokenizes pairs and applies the length policy.
 
-    The source becomes `ids + [EOS]`; the target `[BOS] + ids + [EOS]`, from
-    which the decoder input (all but the last) and the labels (all but the
-    first) are cut. Both must fit in `max_length` tokens.
+    The source becomes `ids + [source EOS]`; the target `[target BOS] + ids +
+    [target EOS]`, from which the decoder input (all but the last) and the
+    labels (all but the first) are cut. Both must fit in `max_sentence_length`
+    tokens.
+
+    Args:
+        sources, targets: Aligned lists of sentences.
+        source_tokenizer: Tokenizer of the sources (`tokenize`, `eos_id`).
+        target_tokenizer: Tokenizer of the targets (`tokenize`, `bos_id`,
+            `eos_id`); None for `source_tokenizer`.
+        max_sentence_length: Longest source (with its end token) and decoder
+            input in tokens.
+        overlong: "drop" or "truncate" pairs longer than that.
 
     Returns:
         (source_sequences, target_sequences, PipelineStats): lists of int lists,
         the targets still holding both BOS and EOS.
     """
-    if overlong not in OVERLONG_POLICIES:
-        raise ValueError(f"overlong={overlong!r} must be one of {OVERLONG_POLICIES}.")
-    if not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(f"max_length={max_length!r} must be an integer >= 2.")
+    check_choice("overlong", overlong, OVERLONG_POLICIES)
+    _check_max_sentence_length(max_sentence_length)
     if len(sources) != len(targets):
         raise ValueError(
             f"Got {len(sources)} sources but {len(targets)} targets: pairs must align."
         )
     target_tokenizer = target_tokenizer or source_tokenizer
+    source_eos = source_tokenizer.eos_id
+    target_bos, target_eos = target_tokenizer.bos_id, target_tokenizer.eos_id
     stats = PipelineStats(pairs=len(sources))
     source_ids = source_tokenizer.tokenize(list(sources))
     target_ids = target_tokenizer.tokenize(list(targets))
@@ -72,30 +90,32 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
         if not source or not target:
             stats.dropped_empty += 1
             continue
-        # max_length counts the source with EOS and the decoder input / labels,
+        # The limit counts the source with EOS and the decoder input / labels,
         # which are one shorter than [BOS] + target + [EOS].
-        too_long = len(source) + 1 > max_length or len(target) + 1 > max_length
+        too_long = max(len(source), len(target)) + 1 > max_sentence_length
         if too_long and overlong == "drop":
             stats.dropped_overlong += 1
             continue
         if too_long:
             stats.truncated += 1
-            source, target = source[: max_length - 1], target[: max_length - 1]
-        encoded_sources.append(source + [EOS_ID])
-        encoded_targets.append([BOS_ID] + target + [EOS_ID])
+            limit = max_sentence_length - 1
+            source, target = source[:limit], target[:limit]
+        encoded_sources.append(source + [source_eos])
+        encoded_targets.append([target_bos] + target + [target_eos])
         stats.source_tokens += len(source) + 1
         stats.target_tokens += len(target) + 1
     stats.kept = len(encoded_sources)
     return encoded_sources, encoded_targets, stats
 
 
-def bucket_plan(max_length, tokens_per_batch, bucket_width=8, batch_multiple=1):
+def bucket_plan(max_sentence_length, tokens_per_batch, bucket_width=8, batch_multiple=1):
     """Bucket boundaries and batch sizes for a token budget.
 
     A pair whose longer side has n tokens goes to the first bucket whose padded
-    length L (a multiple of `bucket_width`, at most `max_length`) is >= n; that
-    bucket's batches hold `tokens_per_batch // L` pairs, so every batch has at
-    most `tokens_per_batch` source and at most as many target tokens.
+    length L (a multiple of `bucket_width`, at most `max_sentence_length`) is
+    >= n; that bucket's batches hold `tokens_per_batch // L` pairs, so every
+    batch has at most `tokens_per_batch` source and at most as many target
+    tokens.
 
     With `batch_multiple` > 1 (data parallelism over that many devices) batch
     sizes are rounded down to multiples of it, but never below it.
@@ -104,12 +124,19 @@ def bucket_plan(max_length, tokens_per_batch, bucket_width=8, batch_multiple=1):
         (boundaries, batch_sizes, padded_lengths) for
         `tf.data.Dataset.bucket_by_sequence_length`.
     """
-    if tokens_per_batch < max_length:
+    _check_max_sentence_length(max_sentence_length)
+    check_positive_int("tokens_per_batch", tokens_per_batch)
+    check_positive_int("bucket_width", bucket_width)
+    check_positive_int("batch_multiple", batch_multiple,
+                       "the number of data-parallel replicas, 1 without data parallelism")
+    if tokens_per_batch < max_sentence_length:
         raise ValueError(
-            f"tokens_per_batch={tokens_per_batch} is below max_length={max_length}: "
-            "a batch could not hold even one pair; raise tokens_per_batch or lower max_length."
+            f"tokens_per_batch={tokens_per_batch} is below max_sentence_length="
+            f"{max_sentence_length}: a batch could not hold even one pair; raise "
+            "tokens_per_batch or lower max_sentence_length."
         )
-    lengths = list(range(bucket_width, max_length, bucket_width)) + [max_length]
+    lengths = list(range(bucket_width, max_sentence_length, bucket_width))
+    lengths.append(max_sentence_length)
     boundaries = [length + 1 for length in lengths]
     batch_sizes = [max(1, tokens_per_batch // length) for length in lengths] + [1]
     if batch_multiple > 1:
@@ -123,7 +150,7 @@ def make_dataset(
     targets,
     source_tokenizer,
     target_tokenizer=None,
-    max_length=128,
+    max_sentence_length=128,
     tokens_per_batch=4096,
     overlong="drop",
     shuffle=True,
@@ -137,11 +164,12 @@ def make_dataset(
 
     Args:
         sources, targets: Aligned lists of sentences.
-        source_tokenizer, target_tokenizer: `SubwordTokenizer`s (one shared
-            tokenizer when `target_tokenizer` is None).
-        max_length: Longest source / decoder sequence in tokens.
+        source_tokenizer, target_tokenizer: `SubwordTokenizer`s, or objects with
+            `tokenize`, `pad_id`, `bos_id` and `eos_id` (one shared tokenizer
+            when `target_tokenizer` is None).
+        max_sentence_length: Longest source / decoder sequence in tokens.
         tokens_per_batch: Token budget per batch, per side (padding included).
-        overlong: "drop" or "truncate" pairs longer than `max_length`.
+        overlong: "drop" or "truncate" pairs longer than `max_sentence_length`.
         shuffle: Whether to shuffle pairs (each pass differently).
         repeat: Whether to repeat forever (for step-based training).
         seed: Shuffle seed.
@@ -155,26 +183,24 @@ def make_dataset(
     Returns:
         (dataset, PipelineStats). Batches hold int32 tensors: source (B, L),
         target (B, L) = [BOS] y_1 ... y_n, labels (B, L) = y_1 ... y_n [EOS],
-        with 0 as padding and L the bucket length.
+        padded with the tokenizers' `pad_id`, L the bucket length.
     """
     import tensorflow as tf
 
+    # The plan checks the batching arguments before any tokenization work.
+    boundaries, batch_sizes, _ = bucket_plan(max_sentence_length, tokens_per_batch,
+                                             bucket_width, batch_multiple)
+    target_tokenizer = target_tokenizer or source_tokenizer
     encoded_sources, encoded_targets, stats = encode_pairs(
-        sources, targets, source_tokenizer, target_tokenizer, max_length, overlong
+        sources, targets, source_tokenizer, target_tokenizer, max_sentence_length, overlong
     )
     if verbose:
         print(f"Data: {stats.summary()}")
     if not encoded_sources:
         raise ValueError(
             f"No pair is left after tokenization ({stats.summary()}): check the data "
-            "and max_length."
+            "and max_sentence_length."
         )
-    if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, int) or (
-        batch_multiple < 1
-    ):
-        raise ValueError(f"batch_multiple={batch_multiple!r} must be a positive integer.")
-    boundaries, batch_sizes, _ = bucket_plan(max_length, tokens_per_batch, bucket_width,
-                                             batch_multiple)
     stats.batches_per_pass = _batches_per_pass(encoded_sources, encoded_targets, boundaries,
                                                batch_sizes)
     decoder_inputs = [t[:-1] for t in encoded_targets]
@@ -190,18 +216,20 @@ def make_dataset(
         dataset = dataset.repeat()
     # Rows of a ragged tensor arrive as ragged specs of rank 0; make them dense.
     dataset = dataset.map(lambda s, t, y: (tf.identity(s), tf.identity(t), tf.identity(y)))
+    padding_values = tuple(int(tokenizer.pad_id) for tokenizer in
+                           (source_tokenizer, target_tokenizer, target_tokenizer))
     dataset = dataset.bucket_by_sequence_length(
         element_length_func=lambda s, t, y: tf.maximum(tf.shape(s)[0], tf.shape(t)[0]),
         bucket_boundaries=boundaries,
         bucket_batch_sizes=batch_sizes,
-        padding_values=(PAD_ID, PAD_ID, PAD_ID),
+        padding_values=padding_values,
         pad_to_bucket_boundary=True,
     )
     if batch_multiple > 1:
         def pad_rows(*tensors):
             missing = -tf.shape(tensors[0])[0] % batch_multiple
-            return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=PAD_ID)
-                         for x in tensors)
+            return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad)
+                         for x, pad in zip(tensors, padding_values))
 
         dataset = dataset.map(pad_rows)
     dataset = dataset.map(
@@ -213,6 +241,14 @@ def make_dataset(
         # first pass that ends in an "ran out of data" warning.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(stats.batches_per_pass))
     return dataset.prefetch(tf.data.AUTOTUNE), stats
+
+
+def _check_max_sentence_length(value):
+    # Two tokens is the least a pair needs: one word and the end token.
+    if check_positive_int("max_sentence_length", value) < 2:
+        raise ValueError(
+            f"max_sentence_length={value!r} must be at least 2: one token and the end token."
+        )
 
 
 def _batches_per_pass(encoded_sources, encoded_targets, boundaries, batch_sizes):

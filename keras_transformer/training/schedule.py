@@ -7,8 +7,12 @@ inverse square root of the step number. Keras counts optimizer iterations from 0
 the paper counts steps from 1, so iteration i uses step_num = i + 1.
 """
 
+import numbers
+
 import keras
 from keras import ops
+
+from keras_transformer.validation import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -34,14 +38,14 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, d_model, warmup_steps=4000, scale=1.0):
-        for name, value in (("d_model", d_model), ("warmup_steps", warmup_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive integer.")
-        if not scale > 0:
-            raise ValueError(f"scale={scale!r} must be positive.")
-        self.d_model = d_model
-        self.warmup_steps = warmup_steps
-        self.scale = scale
+        self.d_model = check_positive_int("d_model", d_model)
+        self.warmup_steps = check_positive_int("warmup_steps", warmup_steps)
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not scale > 0:
+            raise ValueError(
+                f"scale={scale!r} must be a number > 0: a factor on the whole schedule, "
+                "1.0 in the paper."
+            )
+        self.scale = float(scale)
 
     def __call__(self, step):
         step_num = ops.cast(step, "float32") + 1.0

@@ -104,3 +104,19 @@ def test_learned_position_embedding_rejects_long_inputs():
     layer = LearnedPositionEmbedding(max_length=4)
     with pytest.raises(ValueError, match="longer than max_length=4"):
         layer(np.zeros((1, 5, 2), "float32"))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: TokenEmbedding(vocab_size=0, d_model=4), "vocab_size=0 must be a positive integer"),
+    (lambda: TokenEmbedding(vocab_size=10, d_model=4.0), "d_model=4.0 must be a positive integer"),
+    (lambda: LearnedPositionEmbedding(max_length=-1), "max_length=-1 must be a positive integer"),
+])
+def test_bad_sizes_are_explained(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_numpy_sizes_give_a_serializable_config():
+    layer = TokenEmbedding(vocab_size=np.int64(10), d_model=np.int32(4))
+    config = layer.get_config()
+    assert type(config["vocab_size"]) is type(config["d_model"]) is int

@@ -1,5 +1,6 @@
 """Tests of §3.3 the position-wise feed-forward network."""
 
+import keras
 import numpy as np
 import pytest
 from helpers import run_layer_test, to_numpy
@@ -32,6 +33,13 @@ def test_is_applied_to_each_position_separately():
         np.testing.assert_allclose(to_numpy(layer(x[:, t : t + 1]))[:, 0], whole[:, t], atol=1e-6)
 
 
+def test_output_dim_sets_the_output_width_eagerly_and_symbolically():
+    layer = PositionwiseFeedForward(d_ff=8, output_dim=5)
+    assert to_numpy(layer(np.ones((2, 3, 6), "float32"))).shape == (2, 3, 5)
+    assert PositionwiseFeedForward(d_ff=8, output_dim=5)(keras.KerasTensor((2, 3, 6))).shape \
+        == (2, 3, 5)
+
+
 def test_activation_dropout_only_in_training():
     layer = PositionwiseFeedForward(d_ff=64, activation_dropout_rate=0.5)
     x = np.ones((1, 3, 8), "float32")
@@ -39,7 +47,13 @@ def test_activation_dropout_only_in_training():
     assert not np.allclose(to_numpy(layer(x, training=True)), to_numpy(layer(x)))
 
 
-@pytest.mark.parametrize("kwargs", [dict(d_ff=0), dict(d_ff=8, activation_dropout_rate=1.5)])
-def test_bad_arguments_raise(kwargs):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_ff=0), "d_ff=0 must be a positive integer"),
+    (dict(d_ff=32.0), "d_ff=32.0 must be a positive integer"),
+    (dict(d_ff=8, activation_dropout_rate=1.5),
+     r"activation_dropout_rate=1.5 must be a number in \[0, 1\)"),
+    (dict(d_ff=8, output_dim=0), "output_dim=0 must be a positive integer: pass None"),
+])
+def test_bad_arguments_are_explained(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         PositionwiseFeedForward(**kwargs)

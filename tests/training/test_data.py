@@ -108,6 +108,35 @@ def test_synthetic_task_is_deterministic_and_needs_reordering():
         assert target.endswith(" .")
 
 
+def test_synthetic_sentence_lengths_are_bounded():
+    corpus = synthetic_translation(200, seed=1, min_sentence_length=2, max_sentence_length=4)
+    assert {len(s.split()) for s in corpus.sources} == {2, 3, 4}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(min_sentence_length=5, max_sentence_length=4),
+     "min_sentence_length=5 is above max_sentence_length=4"),
+    (dict(min_sentence_length=0), "min_sentence_length=0 must be a positive integer"),
+    (dict(max_sentence_length=2.5), "max_sentence_length=2.5 must be a positive integer"),
+    (dict(num_words=0), "num_words=0 must be a positive integer"),
+    (dict(num_words=1000), "num_words=1000 must be at most 132"),
+])
+def test_bad_synthetic_arguments_are_explained(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        synthetic_translation(10, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(validation_fraction=1.0), r"validation_fraction=1.0 must be a number in \[0, 1\)"),
+    (dict(test_fraction=-0.1), r"test_fraction=-0.1 must be a number in \[0, 1\)"),
+    (dict(validation_fraction=0.5, test_fraction=0.5), "leaves no pairs for training"),
+])
+def test_bad_split_fractions_are_explained(kwargs, message):
+    corpus = ParallelCorpus(["a", "b"], ["x", "y"])
+    with pytest.raises(ValueError, match=message):
+        split_by_source(corpus, **kwargs)
+
+
 def test_wmt14_loader_with_mocked_tensorflow_datasets():
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=6):

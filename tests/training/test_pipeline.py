@@ -7,12 +7,12 @@ import pytest
 import keras_transformer as kt
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.pipeline import bucket_plan, encode_pairs, make_dataset
-from keras_transformer.training.tokenizers import BOS_ID, EOS_ID, SubwordTokenizer
+from keras_transformer.training.tokenizers import SubwordTokenizer
 
 
 @pytest.fixture(scope="module")
 def saved_tokenizer(tmp_path_factory):
-    corpus = synthetic_translation(600, seed=0, max_length=12)
+    corpus = synthetic_translation(600, seed=0, max_sentence_length=12)
     directory = str(tmp_path_factory.mktemp("tokenizer"))
     SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=320).save(directory)
     return corpus, directory
@@ -31,21 +31,22 @@ def batches(dataset):
 
 def test_decoder_input_is_labels_shifted_right(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
-    dataset, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, max_length=16,
+    dataset, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, max_sentence_length=16,
                               tokens_per_batch=256, shuffle=False, verbose=False)
+    bos, eos, pad = tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id
     for x, y in batches(dataset):
         assert x["source"].dtype == np.int32 and x["source"].shape == x["target"].shape == y.shape
-        assert np.all(x["target"][:, 0] == BOS_ID)
-        words = (y[:, :-1] != 0) & (y[:, :-1] != EOS_ID)
+        assert np.all(x["target"][:, 0] == bos)
+        words = (y[:, :-1] != pad) & (y[:, :-1] != eos)
         np.testing.assert_array_equal(x["target"][:, 1:][words], y[:, :-1][words])
-        assert np.all(x["target"][:, 1:][y[:, :-1] == EOS_ID] == 0)
-        assert np.all((y == EOS_ID).sum(1) == 1) and np.all((x["source"] == EOS_ID).sum(1) == 1)
+        assert np.all(x["target"][:, 1:][y[:, :-1] == eos] == pad)
+        assert np.all((y == eos).sum(1) == 1) and np.all((x["source"] == eos).sum(1) == 1)
 
 
 def test_batches_respect_the_token_budget_and_cover_every_pair(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
-    dataset, stats = make_dataset(corpus.sources, corpus.targets, tokenizer, max_length=24,
-                                  tokens_per_batch=200, verbose=False)
+    dataset, stats = make_dataset(corpus.sources, corpus.targets, tokenizer,
+                                  max_sentence_length=24, tokens_per_batch=200, verbose=False)
     seen = 0
     produced = batches(dataset)
     for x, y in produced:
@@ -60,27 +61,62 @@ def test_overlong_pairs_are_dropped_or_truncated_and_counted(corpus_and_tokenize
     corpus, tokenizer = corpus_and_tokenizer
     long_source = " ".join(corpus.sources[:6])
     sources, targets = corpus.sources[:10] + [long_source], corpus.targets[:10] + ["x ."]
-    _, _, dropped = encode_pairs(sources, targets, tokenizer, max_length=16, overlong="drop")
+    _, _, dropped = encode_pairs(sources, targets, tokenizer, max_sentence_length=16,
+                                 overlong="drop")
     assert dropped.dropped_overlong >= 1 and dropped.kept == 11 - dropped.dropped_overlong
-    kept_sources, _, truncated = encode_pairs(sources, targets, tokenizer, max_length=16,
+    kept_sources, _, truncated = encode_pairs(sources, targets, tokenizer, max_sentence_length=16,
                                               overlong="truncate")
     assert truncated.truncated == dropped.dropped_overlong and truncated.kept == 11
-    assert max(len(s) for s in kept_sources) <= 16 and kept_sources[-1][-1] == EOS_ID
+    assert max(len(s) for s in kept_sources) <= 16 and kept_sources[-1][-1] == tokenizer.eos_id
 
 
 def test_bad_pipeline_arguments(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
-    with pytest.raises(ValueError, match="overlong='cut'"):
+    with pytest.raises(ValueError, match="overlong='cut' must be one of"):
         encode_pairs(corpus.sources, corpus.targets, tokenizer, overlong="cut")
-    with pytest.raises(ValueError, match="tokens_per_batch=10 is below max_length=16"):
+    with pytest.raises(ValueError, match="max_sentence_length=1 must be at least 2"):
+        encode_pairs(corpus.sources, corpus.targets, tokenizer, max_sentence_length=1)
+    with pytest.raises(ValueError, match="tokens_per_batch=10 is below max_sentence_length=16"):
         bucket_plan(16, 10)
+    with pytest.raises(ValueError, match="batch_multiple=0 must be a positive integer"):
+        bucket_plan(16, 100, batch_multiple=0)
     with pytest.raises(ValueError, match="No pair is left"):
-        make_dataset(["a b c d e f"], ["x"], tokenizer, max_length=2, verbose=False)
+        make_dataset(["a b c d e f"], ["x"], tokenizer, max_sentence_length=2, verbose=False)
+
+
+class WordTokenizer:
+    """Whole words, with special ids unlike SubwordTokenizer's, to show that the
+    pipeline reads them from the tokenizer it is given."""
+
+    def __init__(self, words, pad_id, bos_id, eos_id):
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        first = max(pad_id, bos_id, eos_id) + 1
+        self.ids = {word: first + i for i, word in enumerate(words)}
+
+    def tokenize(self, texts):
+        return [[self.ids[word] for word in text.split()] for text in texts]
+
+
+def test_special_ids_and_padding_come_from_the_tokenizers():
+    source_tokenizer = WordTokenizer(["a", "b", "c"], pad_id=5, bos_id=6, eos_id=7)
+    target_tokenizer = WordTokenizer(["x", "y"], pad_id=9, bos_id=1, eos_id=3)
+    sources, targets = ["a b c", "c"], ["x y", "y"]
+    encoded_sources, encoded_targets, _ = encode_pairs(sources, targets, source_tokenizer,
+                                                       target_tokenizer)
+    assert encoded_sources == [[8, 9, 10, 7], [10, 7]]
+    assert encoded_targets == [[1, 10, 11, 3], [1, 11, 3]]
+    dataset, _ = make_dataset(sources, targets, source_tokenizer, target_tokenizer,
+                              max_sentence_length=4, tokens_per_batch=8, bucket_width=4,
+                              shuffle=False, verbose=False, batch_multiple=4)
+    (x, y), = batches(dataset)
+    np.testing.assert_array_equal(x["source"], [[8, 9, 10, 7], [10, 7, 5, 5], [5] * 4, [5] * 4])
+    np.testing.assert_array_equal(x["target"], [[1, 10, 11, 9], [1, 11, 9, 9], [9] * 4, [9] * 4])
+    np.testing.assert_array_equal(y, [[10, 11, 3, 9], [11, 3, 9, 9], [9] * 4, [9] * 4])
 
 
 def test_pipeline_feeds_model_fit(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
-    dataset, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, max_length=16,
+    dataset, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, max_sentence_length=16,
                               tokens_per_batch=512, repeat=True, verbose=False)
     model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=kt.LabelSmoothedCrossEntropy())

@@ -46,9 +46,14 @@ def test_paper_adam_hyperparameters():
     assert isinstance(revived._learning_rate, NoamSchedule)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(d_model=0), dict(d_model=512, warmup_steps=0), dict(d_model=512, scale=0)
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_model=0), "d_model=0 must be a positive integer"),
+    (dict(d_model=512.0), "d_model=512.0 must be a positive integer"),
+    (dict(d_model=512, warmup_steps=0), "warmup_steps=0 must be a positive integer"),
+    (dict(d_model=512, warmup_steps=True), "warmup_steps=True must be a positive integer"),
+    (dict(d_model=512, scale=0), "scale=0 must be a number > 0"),
+    (dict(d_model=512, scale=float("nan")), "scale=nan must be a number > 0"),
 ])
-def test_bad_arguments_raise(kwargs):
-    with pytest.raises(ValueError):
+def test_bad_arguments_are_explained(kwargs, message):
+    with pytest.raises(ValueError, match=message):
         NoamSchedule(**kwargs)

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from keras_transformer.training.data import synthetic_translation
-from keras_transformer.training.tokenizers import BOS_ID, EOS_ID, PAD_ID, SubwordTokenizer
+from keras_transformer.training import tokenizers
+from keras_transformer.training.tokenizers import SubwordTokenizer
 
 TEXTS = [
     "A man rides a bike.", "Two dogs play in the snow!", "Ein Mann fährt Fahrrad.",
@@ -35,11 +36,18 @@ def wordpiece(saved_tokenizers):
     return SubwordTokenizer.load(str(saved_tokenizers / "wordpiece"))
 
 
-def test_special_ids_are_fixed(sentencepiece, wordpiece):
+def test_special_ids_are_fixed_and_live_on_the_tokenizer(sentencepiece, wordpiece):
     for tokenizer in (sentencepiece, wordpiece):
-        assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
+        special = (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id)
+        assert special == (0, 1, 2, 3)
+        assert [tokenizer.id_to_token(i) for i in special] == (
+            ["<pad>", "<unk>", "<s>", "</s>"] if tokenizer.kind == "sentencepiece"
+            else tokenizers.WORDPIECE_SPECIAL_TOKENS
+        )
         ids = tokenizer.tokenize(["A man rides a bike."])[0]
-        assert ids and not {PAD_ID, BOS_ID, EOS_ID} & set(ids)
+        assert ids and not set(special) & set(ids)
+    # No module constant to import: code reads the ids of the tokenizer it holds.
+    assert not {"PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID"} & set(vars(tokenizers))
 
 
 def test_sentencepiece_round_trip_is_exact(sentencepiece):
@@ -56,8 +64,9 @@ def test_wordpiece_round_trip_reattaches_punctuation(wordpiece):
 
 def test_detokenize_stops_at_end_and_skips_specials(sentencepiece):
     ids = sentencepiece.tokenize(["A man rides a bike."])[0]
-    noisy = [BOS_ID] + ids + [EOS_ID] + ids + [PAD_ID, PAD_ID]
-    assert sentencepiece.detokenize([noisy, [EOS_ID], []]) == ["A man rides a bike.", "", ""]
+    bos, eos, pad = sentencepiece.bos_id, sentencepiece.eos_id, sentencepiece.pad_id
+    noisy = [bos] + ids + [eos] + ids + [pad, pad]
+    assert sentencepiece.detokenize([noisy, [eos], []]) == ["A man rides a bike.", "", ""]
 
 
 def test_save_and_load_give_the_same_ids(tmp_path, sentencepiece, wordpiece):
@@ -98,7 +107,8 @@ def test_missing_and_corrupted_tokenizers_are_explained(tmp_path, sentencepiece)
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(texts=[], vocab_size=100), "empty"),
-    (dict(texts=["a b"], vocab_size=3), "vocab_size=3"),
+    (dict(texts=["a b"], vocab_size=3), "vocab_size=3 must be above 4: it counts the 4"),
+    (dict(texts=["a b"], vocab_size=100.0), "vocab_size=100.0 must be a positive integer"),
     (dict(texts=["a b"], vocab_size=100, kind="bpe"), "kind='bpe'"),
 ])
 def test_bad_training_arguments(kwargs, message):

@@ -33,6 +33,8 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # `python benchmarks/x.py` without an install
 
+from keras_transformer.training.toy_tasks import ToyVocabulary  # noqa: E402
+
 FLOP_FORMULA = (
     "train FLOPs/step = 3 x forward; forward = B*N*[S*(8d^2+4df) + 4S^2d] (encoder)"
     " + B*N*[T*(12d^2+4df) + 4Sd^2 + 4T^2d + 4TSd] (decoder) + 2BTdV (output);"
@@ -46,7 +48,9 @@ SIZES = {
     "quick": {"num_layers": 1, "d_model": 32, "num_heads": 4, "d_ff": 64, "vocab_size": 200},
 }
 
-PAD_ID, BOS_ID, EOS_ID = 0, 2, 3
+# The special ids of the benchmarks' random data: those of the project's tokenizers.
+VOCABULARY = ToyVocabulary(SIZES["quick"]["vocab_size"])
+PAD_ID, BOS_ID, EOS_ID = VOCABULARY.pad_id, VOCABULARY.bos_id, VOCABULARY.eos_id
 
 
 def transformer_config(size, dropout_rate=0.1, **overrides):

@@ -38,33 +38,12 @@ import common
 
 
 def compile_inference(model, function):
-    """`function(*args)` compiled like the library's decoding loops."""
-    import keras
+    """`function(*args)` compiled as the library compiles its decoding loops."""
+    import weakref
 
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
+    from keras_transformer.backend import compile_inference as compile_for_backend
 
-        def stateless(trainable, non_trainable, *args):
-            mapping = list(zip(model.trainable_variables, trainable)) + list(
-                zip(model.non_trainable_variables, non_trainable))
-            with keras.StatelessScope(state_mapping=mapping):
-                return function(*args)
-
-        jitted = jax.jit(stateless)
-        return lambda *args: jitted([v.value for v in model.trainable_variables],
-                                    [v.value for v in model.non_trainable_variables], *args)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(function, jit_compile=True)
-    import torch
-
-    def no_grad(*args):
-        with torch.no_grad():
-            return function(*[keras.ops.convert_to_tensor(a) for a in args])
-
-    return no_grad
+    return compile_for_backend(weakref.ref(model), lambda _, *args: function(*args))
 
 
 class UncachedSearch:
@@ -201,9 +180,9 @@ def main(argv=None):
     k = args.beam_size
     methods = {
         "greedy_cached": lambda n: greedy_search(model, source, common.BOS_ID, common.EOS_ID,
-                                                 max_length=n)[0],
+                                                 max_output_length=n)[0],
         "beam_cached": lambda n: beam_search(model, source, common.BOS_ID, common.EOS_ID,
-                                             beam_size=k, alpha=0.6, max_length=n)[0],
+                                             beam_size=k, alpha=0.6, max_output_length=n)[0],
     }
     if not args.no_uncached:
         methods["greedy_uncached"] = lambda n: uncached.greedy(source, n)

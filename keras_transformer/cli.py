@@ -12,8 +12,10 @@
 
 Training lives in the recipes (`python -m recipes.NAME --help`). A MODEL argument
 is a `.keras` file with its tokenizer beside it, or a run directory (its
-`model_averaged.keras` if present, else `model.keras`). User mistakes print one
-line and exit with status 2.
+`model.keras`; name `RUN_DIR/model_averaged.keras` for the averaged model, see
+`keras_transformer.run_dir`). Every command line of the package is parsed
+here; the library raises, and user mistakes print one line and exit with
+status 2.
 """
 
 import argparse
@@ -22,10 +24,10 @@ import sys
 
 
 def _translator(path):
+    from keras_transformer import run_dir
     from keras_transformer.inference import Translator
-    from keras_transformer.inference.loading import load_translation_model
 
-    model, source_tokenizer, target_tokenizer = load_translation_model(path)
+    model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(path)
     return Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
 
 
@@ -72,28 +74,32 @@ def _plot(args):
 
 
 def _average(args):
+    from keras_transformer import run_dir
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import list_checkpoints
 
     paths = args.checkpoints
     if args.run_dir:
-        paths = list_checkpoints(os.path.join(args.run_dir, "checkpoints"))[-args.last:]
+        checkpoints = run_dir.path(args.run_dir, run_dir.CHECKPOINTS)
+        paths = list_checkpoints(checkpoints)[-args.last:]
         if not paths:
-            raise FileNotFoundError(f"No step-*.keras checkpoints in {args.run_dir}/checkpoints.")
-    output = args.output or (os.path.join(args.run_dir, "model_averaged.keras")
+            raise FileNotFoundError(f"No step-*.keras checkpoints in {checkpoints}.")
+    output = args.output or (run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
                              if args.run_dir else "averaged.keras")
     average_checkpoints(paths, output)
     print(f"Averaged {len(paths)} checkpoints into {output}")
 
 
 def _export(args):
-    from keras_transformer.export import main_from_args
+    from keras_transformer.inference.export import export_saved_model
 
-    main_from_args(args)
+    export_saved_model(args.model, args.export_base, version=args.version,
+                       beam_size=args.beam_size, alpha=args.alpha,
+                       max_output_length=args.max_output_length, verbose=not args.quiet)
 
 
 def _serve(args):
-    from keras_transformer.serving import serve
+    from keras_transformer.inference.serving import serve
 
     serve(args.saved_model, host=args.host, port=args.port, name=args.name,
           max_instances=args.max_instances, max_chars=args.max_chars,
@@ -171,13 +177,22 @@ def build_parser():
     average.add_argument("--output", help="where to write the averaged model")
     average.set_defaults(run=_average)
 
-    from keras_transformer import export, serving
+    from keras_transformer.inference import serving
 
-    export_command = commands.add_parser(
+    export = commands.add_parser(
         "export", help="write a TensorFlow SavedModel (strings in, translations out) to "
                        "EXPORT_BASE/VERSION/")
-    export.build_parser(export_command)
-    export_command.set_defaults(run=_export)
+    export.add_argument("model", help=".keras file with its tokenizer beside it, or run "
+                                      "directory")
+    export.add_argument("export_base", help="serving directory, e.g. saved_models/NAME; the "
+                                            "SavedModel goes to EXPORT_BASE/VERSION/")
+    export.add_argument("--version", type=_positive_int,
+                        help="version number (default: one above the highest present)")
+    _add_search_options(export)
+    export.add_argument("--max-output-length", type=_positive_int,
+                        help="most output tokens (default: source length + 50, §6.1)")
+    export.add_argument("--quiet", action="store_true", help="print nothing on success")
+    export.set_defaults(run=_export)
 
     serve = commands.add_parser(
         "serve", help="serve a SavedModel over HTTP with TensorFlow Serving's REST API")
@@ -197,7 +212,21 @@ def build_parser():
     return parser
 
 
+def check_backend():
+    """Exits with one line for an unknown `KERAS_BACKEND`, before Keras is
+    imported (its own error is a traceback from deep inside keras). The
+    command-line entry points (this one and the recipes') call it first."""
+    from keras_transformer.backend import check_backend_name
+
+    try:
+        check_backend_name(os.environ.get("KERAS_BACKEND"))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None):
+    check_backend()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "average" and bool(args.checkpoints) == bool(args.run_dir):

@@ -15,7 +15,7 @@
 
 On one device and with the same global batch, data parallelism computes the
 same loss: `LabelSmoothedCrossEntropy` divides by the token count of the whole
-global batch (`global_sum`), not by each replica's.
+global batch (`keras_transformer.backend.global_sum`), not by each replica's.
 """
 
 import contextlib
@@ -130,25 +130,6 @@ def transformer_layout_map(mesh):
     layout_map[r".*feed_forward/inner_dense/bias"] = ("model",)
     layout_map[r".*feed_forward/output_dense/kernel"] = ("model", None)
     return layout_map
-
-
-def global_sum(value):
-    """`value` summed over the replicas of a TensorFlow distribution strategy
-    (inside a replica of a `MirroredStrategy`); `value` itself otherwise.
-
-    Under JAX's keras.distribution the step is one program over sharded arrays,
-    so sums are global already; there is nothing to do.
-    """
-    if keras.backend.backend() != "tensorflow":
-        return value
-    import tensorflow as tf
-
-    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
-        return value
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return value
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
 def virtual_cpu_devices(count):

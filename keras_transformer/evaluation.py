@@ -122,7 +122,7 @@ def evaluate(
     beam_size=4,
     alpha=0.6,
     batch_size=32,
-    max_length=None,
+    max_output_length=None,
     verbose=1,
 ):
     """Translates a test set, writes the hypotheses and scores them with BLEU.
@@ -137,7 +137,7 @@ def evaluate(
         beam_size: Beam size (4 in §6.1).
         alpha: Length penalty α (0.6 in §6.1).
         batch_size: Sentences decoded together.
-        max_length: Most output tokens per sentence; None means its source
+        max_output_length: Most output tokens per sentence; None means its source
             length + 50 (§6.1).
         verbose: 1 shows a progress bar while translating, 0 is silent.
 
@@ -153,7 +153,7 @@ def evaluate(
     _check_parallel(sources, references, "sources")
     start = time.perf_counter()
     hypotheses, ids = translator.translate(
-        list(sources), beam_size=beam_size, alpha=alpha, max_length=max_length,
+        list(sources), beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
         batch_size=batch_size, return_ids=True, verbose=verbose,
     )
     seconds = time.perf_counter() - start

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer import backend
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
 from keras_transformer.layers.embedding import (
@@ -197,22 +198,51 @@ class Transformer(keras.Model):
             return x, source_mask, scores
         return x, source_mask
 
-    def initial_cache(self, batch_size, max_length):
-        """A zero self-attention cache for incremental decoding.
+    def initial_cache(self, encoder_outputs, max_length):
+        """The key/value cache of incremental decoding (§6.1), for one batch.
+
+        The one description of the cache layout: a dict with
+
+        * "self": one `(keys, values)` pair per decoder block, the causal
+          self-attention's keys and values of the positions decoded so far,
+          (batch, max_length, num_heads, key_dim) and (batch, max_length,
+          num_heads, value_dim), zeros until written;
+        * "cross": one `(keys, values)` pair per decoder block, the
+          encoder-decoder attention's projections of `encoder_outputs`,
+          (batch, S, num_heads, key_dim) and (batch, S, num_heads, value_dim),
+          computed here once and read at every step.
+
+        Keys and values are separate tensors, so d_k and d_v may differ (Table
+        3, row B).
+
+        Args:
+            encoder_outputs: (batch, S, d_model) from `encode`.
+            max_length: Positions the self-attention caches have room for: the
+                decoder input's length, BOS included.
 
         Returns:
-            (batch_size, num_layers, 2, max_length, num_heads, key_dim) zeros in
-            the compute dtype.
+            The cache dict, for `decode(..., cache=..., cache_update_index=...)`.
         """
-        c = self._config
-        if c.resolved_key_dim != c.resolved_value_dim:
-            raise ValueError(
-                "Cached decoding stores keys and values in one tensor and needs "
-                f"key_dim == value_dim, got {c.resolved_key_dim} and "
-                f"{c.resolved_value_dim}."
-            )
-        shape = (batch_size, c.num_layers, 2, max_length, c.num_heads, c.resolved_key_dim)
-        return ops.zeros(shape, dtype=self.compute_dtype)
+        caches = [block.initial_cache(encoder_outputs, max_length)
+                  for block in self.decoder_blocks]
+        return {"self": [c["self"] for c in caches], "cross": [c["cross"] for c in caches]}
+
+    def reorder_cache(self, cache, indices):
+        """The cache with its rows taken at `indices` (beam search, §6.1).
+
+        Args:
+            cache: A cache from `initial_cache` or `decode`.
+            indices: (batch,) int rows: row i of the result is row indices[i].
+                Only the self-attention caches are taken; the cross-attention
+                caches must already hold the same source on the rows that swap,
+                as the beams of one sentence do.
+
+        Returns:
+            The reordered cache.
+        """
+        taken = [tuple(ops.take(part, indices, axis=0) for part in pair)
+                 for pair in cache["self"]]
+        return {"self": taken, "cross": cache["cross"]}
 
     def decode(
         self,
@@ -228,11 +258,14 @@ class Transformer(keras.Model):
 
         Args:
             target_ids: (batch, T) int ids of the decoder input.
-            encoder_outputs: (batch, S, d_model) from `encode`.
+            encoder_outputs: (batch, S, d_model) from `encode`; not read with a
+                cache, which holds its keys and values (None may be passed).
             source_padding_mask: (batch, S) bool from `encode`.
             cache: None to decode the whole target at once (training), or the
                 cache from `initial_cache` / a previous step to decode `target_ids`
-                as the positions starting at `cache_update_index`.
+                as the positions starting at `cache_update_index`: the cached
+                decoding step that greedy and beam search, the SavedModel and
+                the tests all run.
             cache_update_index: int scalar, the position of `target_ids[:, 0]`.
             return_attention_scores: Whether to also return the list of each
                 block's {"self": ..., "cross": ...} attention weights.
@@ -258,8 +291,9 @@ class Transformer(keras.Model):
                 encoder_outputs,
                 decoder_padding_mask=target_mask,
                 encoder_padding_mask=source_padding_mask,
-                self_attention_cache=None if cache is None else cache[:, i],
+                self_attention_cache=None if cache is None else cache["self"][i],
                 cache_update_index=cache_update_index if cache is not None else None,
+                cross_attention_cache=None if cache is None else cache["cross"][i],
                 return_attention_scores=return_attention_scores,
                 training=training,
             )
@@ -274,7 +308,7 @@ class Transformer(keras.Model):
 
         results = [logits]
         if cache is not None:
-            results.append(ops.stack(new_caches, axis=1))
+            results.append({"self": new_caches, "cross": cache["cross"]})
         if return_attention_scores:
             results.append(scores)
         return results[0] if len(results) == 1 else tuple(results)
@@ -292,16 +326,12 @@ class Transformer(keras.Model):
     def compile(self, *args, jit_compile="auto", **kwargs):
         """`keras.Model.compile`, with XLA also for TensorFlow on a CPU.
 
-        Keras's `jit_compile="auto"` leaves XLA off for TensorFlow on a
-        CPU-only machine. For this model XLA pays there too: one training step
-        of the benchmark's default size (d_model 256, 3+3 blocks, 32 × 32
-        tokens) took 375 ms with XLA against 444 ms without, and 1150 against
-        1256 ms at d_model 512 (`benchmarks/RESULTS.md`). So "auto" turns XLA
-        on for TensorFlow outside a distribution strategy (Keras keeps it off
-        under tf.distribute, and so do we); every other case is Keras's own.
-        Pass `jit_compile=False` (or True) to choose.
+        With `jit_compile="auto"`, XLA is on wherever Keras would turn it on,
+        and also for TensorFlow on a CPU, where it measured faster for this
+        model (`keras_transformer.backend.use_xla_for_training`). Pass
+        `jit_compile=False` (or True) to choose.
         """
-        if jit_compile == "auto" and _tensorflow_xla_pays(self):
+        if jit_compile == "auto" and backend.use_xla_for_training(self):
             jit_compile = True
         super().compile(*args, jit_compile=jit_compile, **kwargs)
 
@@ -332,16 +362,6 @@ class Transformer(keras.Model):
     def from_config(cls, config):
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
-
-
-def _tensorflow_xla_pays(model):
-    """Whether "auto" should pick XLA where Keras would not: TensorFlow outside
-    a distribution strategy (on a GPU Keras picks XLA itself)."""
-    if keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return not (tf.distribute.has_strategy() or getattr(model, "_distribute_strategy", None))
 
 
 def _check_numpy_ids(ids, name, vocab_size):

@@ -19,6 +19,7 @@ import os
 import numpy as np
 from keras import ops
 
+from keras_transformer import validation
 from keras_transformer.layers.embedding import sinusoidal_position_encoding
 from keras_transformer.training.schedule import NoamSchedule
 
@@ -140,7 +141,7 @@ def plot_attention(
 
 
 def plot_translation_attention(translator, sentence, directory, beam_size=4, alpha=0.6,
-                               max_length=None, prefix="attention"):
+                               max_output_length=None, prefix="attention"):
     """Translates one sentence and draws its three kinds of attention.
 
     Args:
@@ -149,7 +150,7 @@ def plot_translation_attention(translator, sentence, directory, beam_size=4, alp
         directory: Folder for the PNG files; created if needed.
         beam_size: Beam size of the translation.
         alpha: Length penalty α of the translation.
-        max_length: Most output tokens; None means source length + 50.
+        max_output_length: Most output tokens; None means source length + 50.
         prefix: File name prefix: files are `{prefix}_encoder.png`,
             `{prefix}_decoder.png` and `{prefix}_cross.png`.
 
@@ -169,7 +170,7 @@ def plot_translation_attention(translator, sentence, directory, beam_size=4, alp
     if not source:
         raise ValueError("The sentence has no tokens, so there is no attention to draw.")
     _, (output,) = translator.translate([sentence], beam_size=beam_size, alpha=alpha,
-                                        max_length=max_length, return_ids=True)
+                                        max_output_length=max_output_length, return_ids=True)
     target_tokenizer = translator.target_tokenizer
     weights = attention_weights(translator.model, source, output, target_tokenizer.bos_id)
     source_labels = token_labels(translator.tokenizer, source)
@@ -218,7 +219,7 @@ def plot_position_encoding(path, length=100, d_model=512, dimensions=None):
     'position_encoding.png'
     """
     for name, value in (("length", length), ("d_model", d_model)):
-        _check_positive_int(name, value)
+        validation.check_positive_int(name, value)
     if dimensions is None:
         dimensions = sorted({2 * (d_model * k // 16) for k in range(4)})
     dimensions = [int(d) for d in dimensions]
@@ -272,7 +273,7 @@ def plot_learning_rate(path, d_model=512, warmup_steps=4000, num_steps=20000, sc
     >>> plot_learning_rate("lr.png", d_model=[512, 256], warmup_steps=[4000, 8000])
     'lr.png'
     """
-    _check_positive_int("num_steps", num_steps)
+    validation.check_positive_int("num_steps", num_steps)
     widths = [d_model] if isinstance(d_model, int) else list(d_model)
     warmups = [warmup_steps] if isinstance(warmup_steps, int) else list(warmup_steps)
     if not widths or not warmups:
@@ -496,6 +497,4 @@ def _span(indices):
     return ", ".join(str(n) for n in numbers)
 
 
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive integer.")
+

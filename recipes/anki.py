@@ -7,14 +7,15 @@ sentence appears in two splits.
     python -m recipes.anki [--data ../shared/data/anki/spa-eng/spa.txt.gz] [--direction en-es]
 """
 
-from keras_transformer.training.data import load_tatoeba
 from recipes import common
 
-DEFAULTS = dict(preset="small", vocab_size=8000, max_length=48, tokens_per_batch=4096,
+DEFAULTS = dict(preset="small", vocab_size=8000, max_sentence_length=48, tokens_per_batch=4096,
                 epochs=5.0, checkpoint_every=1000, warmup_steps=1000)
 
 
 def main(argv=None):
+    from keras_transformer.training.data import load_tatoeba
+
     parser = common.build_parser(
         "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS
     )

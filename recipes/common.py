@@ -8,8 +8,9 @@ A recipe supplies its corpus and its defaults; `run` does the rest:
 4. `model.fit` for the requested steps with checkpoints, BackupAndRestore,
    TensorBoard and CSV logs (see keras_transformer/training/fit.py),
 5. save `model.keras` with `tokenizer/` beside it, average the last
-   checkpoints (§6.1), and evaluate on the test split with beam search,
-6. with `--export-dir`, export `model.keras` as a TensorFlow SavedModel.
+   checkpoints (§6.1), and evaluate both on the test split with beam search,
+6. with `--export-dir`, export the run's model (`model.keras`, see
+   `keras_transformer.run_dir`) as a TensorFlow SavedModel.
 
 Run it again with the same command after a crash: it resumes. Add
 `--evaluate-only` to score a finished run again without training.
@@ -62,14 +63,18 @@ def build_parser(name, description, defaults):
     data.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
     data.add_argument("--separate-vocabularies", action="store_true",
                       help="learn one vocabulary per language instead of a shared one")
-    data.add_argument("--max-length", type=int, default=128,
-                      help="longest source / target in tokens; longer pairs are dropped")
+    data.add_argument("--max-sentence-length", type=int, default=128,
+                      help="longest training source / target in subword tokens; longer "
+                           "pairs are dropped")
     data.add_argument("--tokens-per-batch", type=int, default=4096,
                       help="token budget per batch and side, padding included (paper: ~25000)")
 
     model = parser.add_argument_group("model (TransformerConfig; unset options keep the preset)")
     model.add_argument("--preset", choices=PRESETS, default="small",
                        help="TransformerConfig preset")
+    model.add_argument("--max-length", type=int,
+                       help="most positions the model accepts (TransformerConfig.max_length): "
+                            "its longest input, ids + EOS")
     model.add_argument("--num-layers", type=int, help="N, blocks per stack")
     model.add_argument("--d-model", type=int, help="model width")
     model.add_argument("--num-heads", type=int, help="h, attention heads")
@@ -112,7 +117,8 @@ def limit_pairs(corpus, limit):
 
 def check_args(parser, args):
     """Rejects impossible values with one line instead of a traceback later."""
-    for name in ("steps", "checkpoint_every", "keep_checkpoints", "vocab_size", "max_length",
+    for name in ("steps", "checkpoint_every", "keep_checkpoints", "vocab_size",
+                 "max_sentence_length", "max_length",
                  "tokens_per_batch", "beam_size", "eval_limit"):
         value = getattr(args, name, None)
         if value is not None and value <= 0:
@@ -121,9 +127,9 @@ def check_args(parser, args):
         parser.error(f"--epochs must be positive, got {args.epochs}")
     if args.model_parallel < 1:
         parser.error(f"--model-parallel must be positive, got {args.model_parallel}")
-    if args.tokens_per_batch < args.max_length:
+    if args.tokens_per_batch < args.max_sentence_length:
         parser.error(f"--tokens-per-batch ({args.tokens_per_batch}) must be at least "
-                     f"--max-length ({args.max_length})")
+                     f"--max-sentence-length ({args.max_sentence_length})")
 
 
 def model_config(args, vocab_size, target_vocab_size=None):
@@ -132,14 +138,20 @@ def model_config(args, vocab_size, target_vocab_size=None):
     overrides = {
         field: getattr(args, field)
         for field in ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
-                      "label_smoothing", "warmup_steps", "position_encoding", "norm_position")
+                      "label_smoothing", "warmup_steps", "position_encoding", "norm_position",
+                      "max_length")
         if getattr(args, field, None) is not None
     }
-    overrides["max_length"] = max(args.max_length, 64)
     if target_vocab_size is not None:
         overrides.update(target_vocab_size=target_vocab_size, share_embeddings=False)
     preset = getattr(TransformerConfig, args.preset)
-    return preset(vocab_size=vocab_size, **overrides)
+    config = preset(vocab_size=vocab_size, **overrides)
+    # The pipeline's limit counts EOS (and BOS), so no training input is longer.
+    if config.max_length < args.max_sentence_length:
+        raise ValueError(
+            f"The model's max_length={config.max_length} is below --max-sentence-length="
+            f"{args.max_sentence_length}: raise --max-length or lower --max-sentence-length.")
+    return config
 
 
 def compile_model(model, config, lr_scale=1.0):
@@ -157,24 +169,23 @@ def compile_model(model, config, lr_scale=1.0):
 def load_or_train_tokenizers(args, corpus):
     """The run's tokenizer(s): reused from the run directory when present, so a
     resumed run keeps its vocabulary."""
+    from keras_transformer import run_dir
     from keras_transformer.training.tokenizers import SubwordTokenizer
 
-    names = ("source_tokenizer", "target_tokenizer") if args.separate_vocabularies else ("tokenizer",)
-    directories = [os.path.join(args.run_dir, name) for name in names]
+    directories = run_dir.tokenizer_directories(args.run_dir, args.separate_vocabularies)
     if all(os.path.exists(os.path.join(d, "tokenizer.json")) for d in directories):
-        tokenizers = [SubwordTokenizer.load(d) for d in directories]
+        source_tokenizer, target_tokenizer = run_dir.load_tokenizers(args.run_dir)
         print(f"Tokenizer: reusing {', '.join(directories)}")
-    else:
-        start = time.time()
-        texts = ([corpus.sources, corpus.targets] if args.separate_vocabularies
-                 else [corpus.sources + corpus.targets])
-        tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
-                      for t in texts]
-        for tokenizer, directory in zip(tokenizers, directories):
-            tokenizer.save(directory)
-        print(f"Tokenizer: learned {args.tokenizer} vocabulary of "
-              f"{', '.join(str(t.vocab_size) for t in tokenizers)} tokens in "
-              f"{time.time() - start:.0f} s")
+        return source_tokenizer, target_tokenizer
+    start = time.time()
+    texts = ([corpus.sources, corpus.targets] if args.separate_vocabularies
+             else [corpus.sources + corpus.targets])
+    tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
+                  for t in texts]
+    run_dir.save_tokenizers(args.run_dir, tokenizers[0], tokenizers[-1])
+    print(f"Tokenizer: learned {args.tokenizer} vocabulary of "
+          f"{', '.join(str(t.vocab_size) for t in tokenizers)} tokens in "
+          f"{time.time() - start:.0f} s")
     return tokenizers[0], tokenizers[-1]
 
 
@@ -184,7 +195,7 @@ def run(args, splits, name):
     import keras
 
     import keras_transformer as kt
-    from keras_transformer import distribution
+    from keras_transformer import distribution, run_dir
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import fit_steps, list_checkpoints
     from keras_transformer.training.pipeline import make_dataset
@@ -205,7 +216,8 @@ def run(args, splits, name):
         print(f"Devices: {distributed.description}")
     source_tokenizer, target_tokenizer = load_or_train_tokenizers(args, train)
     dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
-                        max_length=args.max_length, tokens_per_batch=args.tokens_per_batch,
+                        max_sentence_length=args.max_sentence_length,
+                        tokens_per_batch=args.tokens_per_batch,
                         batch_multiple=distributed.batch_multiple)
     train_dataset, train_stats = make_dataset(train.sources, train.targets, repeat=True,
                                               seed=args.seed, **dataset_args)
@@ -237,13 +249,13 @@ def run(args, splits, name):
     train_seconds = time.time() - start
     print(f"Trained {total_steps} steps in {train_seconds:.0f} s")
 
-    model_path = os.path.join(args.run_dir, "model.keras")
-    _save_atomically(model, model_path)
+    model_path = run_dir.path(args.run_dir, run_dir.MODEL)
+    run_dir.save_model(model, model_path)
     print(f"Saved {model_path} (tokenizer beside it)")
-    checkpoints = list_checkpoints(os.path.join(args.run_dir, "checkpoints"))
+    checkpoints = list_checkpoints(run_dir.path(args.run_dir, run_dir.CHECKPOINTS))
     averaged_path = None
     if len(checkpoints) > 1:
-        averaged_path = os.path.join(args.run_dir, "model_averaged.keras")
+        averaged_path = run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
         average_checkpoints(checkpoints[-args.keep_checkpoints:], averaged_path)
         print(f"Averaged the last {len(checkpoints[-args.keep_checkpoints:])} checkpoints "
               f"into {averaged_path}")
@@ -254,16 +266,16 @@ def run(args, splits, name):
         results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
         if averaged_path:
             print(f"Evaluating the averaged model {averaged_path}:")
-            averaged = keras.saving.load_model(averaged_path, compile=False, safe_mode=True)
+            averaged = run_dir.load_model(averaged_path)
             results["averaged"] = evaluate_test(args, averaged, source_tokenizer,
                                                 target_tokenizer, test, "test_hypotheses_averaged")
     if args.export_dir and not args.no_export:
-        from keras_transformer.export import export_saved_model
+        from keras_transformer.inference.export import export_saved_model
 
+        # The run's model, as `keras-transformer export RUN_DIR` would pick it.
         results["saved_model"] = export_saved_model(
-            model_path, args.export_dir, beam_size=args.beam_size, alpha=args.alpha)
-    with open(os.path.join(args.run_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+            args.run_dir, args.export_dir, beam_size=args.beam_size, alpha=args.alpha)
+    run_dir.write_json(run_dir.path(args.run_dir, run_dir.RESULTS), results)
     return results
 
 
@@ -314,51 +326,38 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="t
 def _evaluate_finished_run(args, test, name):
     """`--evaluate-only`: scores the saved model(s) of a finished run again and
     updates the evaluation figures of its results.json."""
-    import keras
+    from keras_transformer import run_dir
 
-    from keras_transformer.training.tokenizers import SubwordTokenizer
-
-    model_path = os.path.join(args.run_dir, "model.keras")
-    names = ("source_tokenizer", "target_tokenizer") if args.separate_vocabularies else ("tokenizer",)
-    needed = [model_path] + [os.path.join(args.run_dir, n, "tokenizer.json") for n in names]
-    missing = [path for path in needed if not os.path.exists(path)]
-    if missing:
-        raise FileNotFoundError(
-            f"--evaluate-only needs a finished run in {args.run_dir!r}, but {missing[0]!r} "
-            "does not exist: train it first with the same command without --evaluate-only.")
     if not test.sources:
         raise ValueError("--evaluate-only: this corpus has no test split.")
-    tokenizers = [SubwordTokenizer.load(os.path.join(args.run_dir, n)) for n in names]
-    results_path = os.path.join(args.run_dir, "results.json")
-    results = {"recipe": name}
-    if os.path.exists(results_path):
-        with open(results_path) as f:
-            results = json.load(f)
+    try:
+        model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(args.run_dir)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(
+            f"--evaluate-only needs a finished run in {args.run_dir!r}: {error} Train it "
+            "first with the same command without --evaluate-only.") from None
+    results_path = run_dir.path(args.run_dir, run_dir.RESULTS)
+    results = run_dir.read_json(results_path, default={"recipe": name})
     for key in ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "test_sentences",
                 "test_references", "sentences_per_second", "per_pair", "averaged"):
         results.pop(key, None)
-    model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
-    results.update(evaluate_test(args, model, tokenizers[0], tokenizers[-1], test))
-    averaged_path = os.path.join(args.run_dir, "model_averaged.keras")
+    results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
+    averaged_path = run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
     if os.path.exists(averaged_path):
         print(f"Evaluating the averaged model {averaged_path}:")
-        averaged = keras.saving.load_model(averaged_path, compile=False, safe_mode=True)
-        results["averaged"] = evaluate_test(args, averaged, tokenizers[0], tokenizers[-1], test,
+        results["averaged"] = evaluate_test(args, run_dir.load_model(averaged_path),
+                                            source_tokenizer, target_tokenizer, test,
                                             "test_hypotheses_averaged")
-    with open(results_path, "w") as f:
-        json.dump(results, f, indent=2)
+    run_dir.write_json(results_path, results)
     return results
 
 
-def _save_atomically(model, path):
-    partial = path + ".partial.keras"
-    model.save(partial)
-    os.replace(partial, path)
-
-
 def main_guard(main):
-    """Runs `main`, turning user mistakes (missing files, bad values) into one
-    line on stderr and exit status 2."""
+    """Runs `main`, turning user mistakes (an unknown KERAS_BACKEND, missing
+    files, bad values) into one line on stderr and exit status 2."""
+    from keras_transformer import cli
+
+    cli.check_backend()
     try:
         return main()
     except (FileNotFoundError, ValueError) as error:

@@ -9,14 +9,15 @@ BLEU of beam search (beam 4, α 0.6) on test2016.
     python -m recipes.multi30k --direction de-en [--data-dir ../shared/data/multi30k]
 """
 
-from keras_transformer.training.data import load_multi30k
 from recipes import common
 
-DEFAULTS = dict(preset="small", vocab_size=8000, max_length=64, tokens_per_batch=4096,
+DEFAULTS = dict(preset="small", vocab_size=8000, max_sentence_length=64, tokens_per_batch=4096,
                 epochs=10.0, checkpoint_every=500, warmup_steps=1000)
 
 
 def main(argv=None):
+    from keras_transformer.training.data import load_multi30k
+
     parser = common.build_parser(
         "multi30k", "Train a Transformer on Multi30k German<->English.", DEFAULTS
     )

@@ -13,18 +13,19 @@ on the first run, the next free version after that).
     python -m recipes.quickstart [--steps 1250] [--precision float32] [--no-export]
 """
 
-from keras_transformer.training.data import synthetic_translation
 from recipes import common
 
 DEFAULTS = dict(
     preset="tiny", d_model=128, num_heads=4, d_ff=256, num_layers=2, dropout_rate=0.0,
-    label_smoothing=0.1, warmup_steps=200, vocab_size=320, max_length=32,
+    label_smoothing=0.1, warmup_steps=200, vocab_size=320, max_sentence_length=32,
     tokens_per_batch=2048, steps=1250, checkpoint_every=250,
     export_dir="saved_models/quickstart",
 )
 
 
 def main(argv=None):
+    from keras_transformer.training.data import synthetic_translation
+
     parser = common.build_parser(
         "quickstart", "Train a small Transformer on the synthetic translation task.", DEFAULTS
     )

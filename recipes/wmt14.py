@@ -15,18 +15,19 @@ tensorflow-datasets (downloaded on first use).
 
 import sys
 
-from keras_transformer.training.data import load_wmt14
 from recipes import common
 
 PAPER = {
     "base": dict(preset="base", steps=100_000, keep_checkpoints=5, dropout_rate=0.1),
     "big": dict(preset="big", steps=300_000, keep_checkpoints=20, dropout_rate=0.3),
 }
-DEFAULTS = dict(vocab_size=37000, max_length=256, tokens_per_batch=25000,
+DEFAULTS = dict(vocab_size=37000, max_sentence_length=256, tokens_per_batch=25000,
                 checkpoint_every=2000, warmup_steps=4000, label_smoothing=0.1, **PAPER["base"])
 
 
 def main(argv=None):
+    from keras_transformer.training.data import load_wmt14
+
     parser = common.build_parser(
         "wmt14", "Train the paper's base or big Transformer on WMT14 English-German.", DEFAULTS
     )

@@ -1,13 +1,18 @@
 """Tests of the keras-transformer command line."""
 
 import os
+import subprocess
+import sys
 
+import keras
 import pytest
 
 import keras_transformer as kt
 from keras_transformer import cli
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.tokenizers import SubwordTokenizer
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -63,3 +68,43 @@ def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["average"])
     assert exit_info.value.code == 2
+
+
+# The command line: one line on stderr, non-zero exit, no traceback.
+@pytest.mark.parametrize("argv, message", [
+    (["translate", "no/such/run", "hallo"], "error: No model at 'no/such/run'."),
+    (["evaluate", "no/such/run", "--source", "a.de", "--reference", "b"],
+     "error: No such file: 'a.de'."),
+    (["average", "no-such-checkpoint.keras"], "error: "),
+    (["serve", "no/such/dir"], "error: No SavedModel directory"),
+])
+def test_command_line_mistakes_print_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
+def test_command_line_rejects_bad_numbers(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["translate", "run", "hallo", "--beam-size", "0"])
+    assert exit_info.value.code == 2
+    assert "must be a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="about the environment, not the backend: runs in the tensorflow pass")
+@pytest.mark.parametrize("command", [
+    ["keras-transformer", "translate", "run", "hallo"],
+    [sys.executable, "-m", "keras_transformer.cli", "export", "run", "out"],
+    [sys.executable, "-m", "recipes.quickstart", "--steps", "1"],
+])
+def test_an_unknown_backend_name_is_one_line_not_a_traceback(command):
+    result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True,
+                            env=dict(os.environ, KERAS_BACKEND="tensorflw"), timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: KERAS_BACKEND='tensorflw' is not a backend keras-transformer runs on: set it "
+        "to one of tensorflow, jax, torch (or unset it for Keras's default)."
+    ]

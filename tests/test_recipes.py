@@ -3,6 +3,7 @@ real SIGKILL, checkpoint averaging, and the command lines' help and errors."""
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +15,9 @@ import pytest
 from test_data_paths import shared_data
 
 import keras_transformer as kt
+from keras_transformer import run_dir as run_dir_files
+from keras_transformer.inference.saved_model import read_metadata
+from keras_transformer.training.data import synthetic_translation
 from recipes import anki, average, multi30k, quickstart, table3, wmt14
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,8 +62,20 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
         assert os.path.exists(os.path.join(run_dir, name)), name
     assert os.path.isdir(os.path.join(run_dir, "logs"))
     assert not os.path.exists(os.path.join(run_dir, "backup")), "backup is removed at the end"
-    assert 0 <= results["exact_match"] <= 1 and "bleu" in results
+    # The exact match is that of the hypotheses written beside it (the test split
+    # is the synthetic task's seed 3), and BLEU is a score, not a placeholder.
+    references = synthetic_translation(8, seed=3).targets
+    with open(os.path.join(run_dir, "test_hypotheses.txt"), encoding="utf-8") as f:
+        hypotheses = f.read().splitlines()
+    assert len(hypotheses) == len(references) == results["test_sentences"]
+    exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references)) / 8
+    assert results["exact_match"] == pytest.approx(exact)
+    assert isinstance(results["bleu"], float) and "BLEU" in results["bleu_signature"].upper()
     assert "bleu" in results["averaged"]
+    # The export is the run's model: model.keras, not the averaged one.
+    metadata = read_metadata(results["saved_model"])
+    exported_model = run_dir_files.load_model(os.path.join(run_dir, "model.keras"))
+    assert metadata["config"] == exported_model.config.to_dict()
     assert os.path.exists(os.path.join(run_dir, "test_hypotheses_averaged.txt"))
     assert [row["epoch"] for row in read_log(run_dir)] == ["0", "1"]
 
@@ -87,6 +103,8 @@ def test_quickstart_smoke_run_in_mixed_precision(tmp_path, precision):
         "--no-export",
     ])
     assert results["steps"] == 3
+    losses = [float(row["loss"]) for row in read_log(str(tmp_path / "run"))]
+    assert losses and all(math.isfinite(loss) and loss > 0 for loss in losses), losses
 
 
 def test_multi30k_smoke_run_reads_the_real_files(tmp_path):
@@ -94,7 +112,8 @@ def test_multi30k_smoke_run_reads_the_real_files(tmp_path):
     results = multi30k.main([
         "--data-dir", data_dir, "--direction", "en-de", "--run-dir", str(tmp_path / "run"),
         "--train-limit", "300", "--steps", "2", "--checkpoint-every", "2", "--vocab-size", "500",
-        "--eval-limit", "3", "--max-length", "48", "--tokens-per-batch", "1024", *TINY_MODEL,
+        "--eval-limit", "3", "--max-sentence-length", "48", "--tokens-per-batch", "1024",
+        *TINY_MODEL,
     ])
     assert results["recipe"] == "multi30k-en-de" and results["steps"] == 2
 
@@ -104,7 +123,7 @@ def test_anki_smoke_run_reads_the_real_file(tmp_path):
     results = anki.main([
         "--data", data, "--run-dir", str(tmp_path / "run"), "--train-limit", "300",
         "--steps", "2", "--checkpoint-every", "2", "--vocab-size", "400", "--eval-limit", "3",
-        "--max-length", "32", "--tokens-per-batch", "512", *TINY_MODEL,
+        "--max-sentence-length", "32", "--tokens-per-batch", "512", *TINY_MODEL,
     ])
     assert results["recipe"] == "anki-en-es"
     # The first test sentences include "Help!", listed once per translation: it is
@@ -135,26 +154,6 @@ def test_table3_smoke_run_tabulates_the_variants_and_skips_finished_ones(tmp_pat
     assert (run_dir / "results.png").stat().st_size > 0
     # Finished variants are read back, not trained again.
     assert table3.main(arguments) == rows
-
-
-def test_table3_variants_follow_the_paper_rows():
-    base = kt.TransformerConfig.small(vocab_size=100)
-    sizes = {name: table3.variant_config(base, overrides)
-             for name, (_, overrides) in table3.VARIANTS.items()}
-    # (A): h · d_k = d_model, constant compute.
-    assert [(sizes[n].num_heads, sizes[n].resolved_key_dim)
-            for n in ("heads1", "base", "heads8", "heads16")] == [(1, 256), (4, 64), (8, 32),
-                                                                  (16, 16)]
-    assert [(sizes[n].resolved_key_dim, sizes[n].resolved_value_dim)
-            for n in ("heads1", "heads16")] == [(256, 256), (16, 16)]
-    # (B): smaller keys, and values of the same width, which cached decoding needs.
-    assert (sizes["key_dim_half"].resolved_key_dim, sizes["key_dim_half"].resolved_value_dim) \
-        == (32, 32)
-    assert all(c.resolved_key_dim == c.resolved_value_dim for c in sizes.values())
-    assert sizes["d_model_double"].d_model == 512 and sizes["d_model_double"].resolved_key_dim == 128
-    assert sizes["dropout0"].dropout_rate == 0.0 and sizes["no_label_smoothing"].label_smoothing == 0
-    assert sizes["learned_positions"].position_encoding == "learned"
-    assert sizes["layers4"].num_layers == 4 and sizes["d_ff_half"].d_ff == 512
 
 
 def test_table3_rejects_unknown_variants(capsys):
@@ -236,8 +235,6 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 
 
 def test_average_command_writes_the_mean_model(tmp_path):
-    import keras_transformer as kt
-
     config = kt.TransformerConfig.tiny(vocab_size=12)
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -254,6 +251,6 @@ def test_wmt14_smoke_run_with_mocked_tensorflow_datasets(tmp_path):
         results = wmt14.main([
             "--config", "base", "--run-dir", str(tmp_path / "run"), "--steps", "2",
             "--checkpoint-every", "2", "--vocab-size", "60", "--eval-limit", "2",
-            "--max-length", "64", "--tokens-per-batch", "512", *TINY_MODEL,
+            "--max-sentence-length", "64", "--tokens-per-batch", "512", *TINY_MODEL,
         ])
     assert results["recipe"] == "wmt14-base" and results["steps"] == 2

@@ -1,7 +1,7 @@
 """An HTTP server for exported translation models, following TensorFlow Serving's REST API.
 
 It serves the highest version of a `saved_models/NAME/` directory written by
-`keras_transformer.export` (the model of §3 with the beam search of §6.1 in
+`keras_transformer.inference.export` (the model of §3 with the beam search of §6.1 in
 the graph), with TensorFlow and tensorflow_text only:
 
     GET  /v1/models/NAME                      version status
@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 
+from keras_transformer.inference import saved_model
+
 DEFAULT_PORT = 8501
 DEFAULT_MAX_INSTANCES = 64
 DEFAULT_MAX_CHARS = 2000
@@ -60,25 +62,24 @@ class TranslationService:
     """
 
     def __init__(self, path, max_instances=DEFAULT_MAX_INSTANCES, max_chars=DEFAULT_MAX_CHARS):
-        from keras_transformer.export import METADATA_PATH, load_saved_model
-
         for name, value in (("max_instances", max_instances), ("max_chars", max_chars)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer.")
-        self.loaded, self.version_path = load_saved_model(path)
+        self.loaded, self.version_path = saved_model.load_saved_model(path)
         missing = [s for s in _SIGNATURES if s not in self.loaded.signatures]
         if missing:
             raise ValueError(
                 f"{self.version_path!r} lacks the signature(s) {', '.join(missing)}: it was not "
-                "written by keras_transformer.export."
+                "written by keras-transformer export."
             )
         self.version = os.path.basename(os.path.normpath(self.version_path))
-        with open(os.path.join(self.version_path, METADATA_PATH)) as f:
-            self.metadata = json.load(f)
+        self.metadata = saved_model.read_metadata(self.version_path)
         self.max_instances = max_instances
         self.max_chars = max_chars
         self.vocab_size = self.metadata["config"]["vocab_size"]
         self.max_source_length = self.metadata["config"]["max_length"]
+        # Exports before the pad id was written padded with the config's.
+        self.pad_id = self.metadata.get("pad_id", self.metadata["config"]["pad_id"])
 
     def predict(self, request):
         """Answers a parsed predict request (a dict) with a JSON-ready dict."""
@@ -121,7 +122,7 @@ class TranslationService:
         matrix = self._id_matrix(values)
         outputs = self._call(signature, source_ids=tf.constant(matrix, dtype=tf.int32)
                              if matrix else tf.zeros([0, 0], tf.int32))
-        ids = [[int(t) for t in row if t != 0] for row in outputs["ids"].numpy()]
+        ids = [[int(t) for t in row if t != self.pad_id] for row in outputs["ids"].numpy()]
         scores = [float(s) for s in outputs["scores"].numpy()]
         if columnar:
             return {"outputs": {"ids": ids, "scores": scores}}
@@ -188,7 +189,7 @@ class TranslationService:
                                    f"(0 <= id < {self.vocab_size}).")
             rows.append(row)
         width = max((len(row) for row in rows), default=0)
-        return [row + [0] * (width - len(row)) for row in rows] if width else []
+        return [row + [self.pad_id] * (width - len(row)) for row in rows] if width else []
 
 
 def make_server(path, host="127.0.0.1", port=DEFAULT_PORT, name=None,

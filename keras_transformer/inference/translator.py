@@ -16,18 +16,12 @@ ignores special ids).
 import keras
 import numpy as np
 
-from keras_transformer.inference.decoding import (
-    _check_model,
-    _check_search_options,
-    beam_search,
-)
+from keras_transformer import validation
+from keras_transformer.inference.decoding import beam_search, check_model, check_search_options
+from keras_transformer.inference.search import source_width
 
 _TOKENIZER_ATTRIBUTES = ("pad_id", "bos_id", "eos_id", "vocab_size")
 _TOKENIZER_METHODS = ("tokenize", "detokenize")
-
-# Source batches are padded to a multiple of this width, so that JAX and
-# TensorFlow compile one search per width bucket instead of one per length.
-_WIDTH_MULTIPLE = 8
 
 
 class Translator:
@@ -57,7 +51,7 @@ class Translator:
     """
 
     def __init__(self, model, tokenizer, target_tokenizer=None):
-        _check_model(model)
+        check_model(model)
         config = model.config
         _check_tokenizer(tokenizer, config, "tokenizer", config.vocab_size)
         name = "tokenizer" if target_tokenizer is None else "target_tokenizer"
@@ -125,7 +119,7 @@ class Translator:
         sentences,
         beam_size=4,
         alpha=0.6,
-        max_length=None,
+        max_output_length=None,
         batch_size=32,
         return_scores=False,
         return_ids=False,
@@ -138,8 +132,8 @@ class Translator:
             beam_size: Beam size (4 in §6.1). `beam_size=1, alpha=0` is greedy
                 decoding.
             alpha: Length penalty α (0.6 in §6.1).
-            max_length: Most output tokens per sentence; None means its source
-                length + 50 (§6.1).
+            max_output_length: Most output tokens per sentence; None means its
+                source length + 50 (§6.1).
             batch_size: Sentences decoded together.
             return_scores: Whether to also return each translation's score,
                 log P(Y | X) / lp(Y).
@@ -152,11 +146,8 @@ class Translator:
             `return_scores` and/or `return_ids`, the tuple
             `(translations, scores, ids)` without the parts not asked for.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or (
-            batch_size < 1
-        ):
-            raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
-        _check_search_options(beam_size, alpha, max_length)
+        validation.check_positive_int("batch_size", batch_size)
+        check_search_options(beam_size, alpha, max_output_length)
         sources = self.source_ids(sentences)
         count = len(sources)
         output_ids = [[] for _ in range(count)]
@@ -175,7 +166,7 @@ class Translator:
                 self._target_tokenizer.eos_id,
                 beam_size=beam_size,
                 alpha=alpha,
-                max_length=max_length,
+                max_output_length=max_output_length,
             )
             pad_id = self._model.config.pad_id
             for row, hypothesis, score in zip(rows, ids, batch_scores):
@@ -200,10 +191,8 @@ class Translator:
         return results[0] if len(results) == 1 else tuple(results)
 
     def _pad(self, sources):
-        """(batch, width) int32 matrix, width rounded up to a multiple of 8."""
-        longest = max(len(ids) for ids in sources)
-        width = -(-longest // _WIDTH_MULTIPLE) * _WIDTH_MULTIPLE
-        width = max(longest, min(width, self.max_source_length))
+        """(batch, width) int32 matrix, of the width `source_width` gives."""
+        width = source_width(max(len(ids) for ids in sources), self.max_source_length)
         matrix = np.full((len(sources), width), self._tokenizer.pad_id, "int32")
         for row, ids in enumerate(sources):
             matrix[row, : len(ids)] = ids

@@ -10,9 +10,10 @@ unless the caller asks for the attention weights or attention dropout is active;
 then the explicit softmax path beside it runs instead.
 
 The layer also carries the key/value cache used for incremental decoding: a
-fixed-size tensor updated in place at an index, so the decoding loop compiles
-under `jax.jit` and `tf.function`. One query against a cache (the decoding
-step) takes a third path that reads the cache without transposing it.
+pair of fixed-size key and value tensors updated in place at an index, so the
+decoding loop compiles under `jax.jit` and `tf.function`. One query against a
+cache (the decoding step) takes a third path that reads the cache without
+transposing it.
 """
 
 import functools
@@ -20,6 +21,8 @@ import math
 
 import keras
 from keras import ops
+
+from keras_transformer import validation
 
 # Added to the float32 logits of masked positions on the explicit path. Any value
 # far below real logits works; this one stays finite in float32.
@@ -69,11 +72,13 @@ class MultiHeadAttention(keras.layers.Layer):
             to key s. Combined with the other masks by logical AND.
         use_causal_mask: Whether query t may only attend to keys s <= t (with a
             cache: to keys s <= cache_update_index + t).
-        cache: (batch, 2, S_max, num_heads, head_dim) keys and values. With
-            `cache_update_index`, the keys and values of this call's positions are
-            written into it at that index (self-attention decoding). Without it,
-            the cache holds precomputed keys and values and `key`/`value` are
-            ignored (cross-attention decoding).
+        cache: A `(keys, values)` pair of (batch, S_max, num_heads, key_dim) and
+            (batch, S_max, num_heads, value_dim) tensors, from `initial_cache`
+            or `precompute_cache`. With `cache_update_index`, the keys and
+            values of this call's positions are written into it at that index
+            (self-attention decoding). Without it, the cache holds precomputed
+            keys and values and `key`/`value` are ignored (cross-attention
+            decoding).
         cache_update_index: int scalar, the position of `query[:, 0]`.
         return_attention_scores: Whether to return the attention weights too.
         training: Whether attention dropout is active.
@@ -103,14 +108,11 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("num_heads", num_heads), ("key_dim", key_dim)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive integer.")
-        if not 0 <= dropout_rate < 1:
-            raise ValueError(f"dropout_rate={dropout_rate!r} must be in [0, 1).")
-        self._num_heads = num_heads
-        self._key_dim = key_dim
-        self._value_dim = value_dim or key_dim
+        self._num_heads = validation.check_positive_int("num_heads", num_heads)
+        self._key_dim = validation.check_positive_int("key_dim", key_dim)
+        self._value_dim = (self._key_dim if value_dim is None
+                           else validation.check_positive_int("value_dim", value_dim))
+        dropout_rate = validation.check_rate("dropout_rate", dropout_rate)
         self._output_dim = output_dim
         self._dropout_rate = dropout_rate
         self._use_bias = use_bias
@@ -178,6 +180,36 @@ class MultiHeadAttention(keras.layers.Layer):
             self._kernel_initializer.get_config()
         )
 
+    def initial_cache(self, batch_size, length):
+        """An empty self-attention cache with room for `length` positions.
+
+        Returns:
+            `(keys, values)`: (batch_size, length, num_heads, key_dim) and
+            (batch_size, length, num_heads, value_dim) zeros in the compute dtype.
+        """
+        heads = self._num_heads
+        return (
+            ops.zeros((batch_size, length, heads, self._key_dim), self.compute_dtype),
+            ops.zeros((batch_size, length, heads, self._value_dim), self.compute_dtype),
+        )
+
+    def precompute_cache(self, value, key=None):
+        """Projects keys and values once, for a cache that never changes.
+
+        Encoder-decoder attention reads the same source at every decoding step,
+        so its keys and values are computed once per sentence.
+
+        Args:
+            value: (batch, S, d_value) float tensor.
+            key: (batch, S, d_key) float tensor; defaults to `value`.
+
+        Returns:
+            `(keys, values)`: (batch, S, num_heads, key_dim) and
+            (batch, S, num_heads, value_dim), the `cache` that `call` reads.
+        """
+        key = value if key is None else key
+        return self.key_dense(key), self.value_dense(value)
+
     def call(
         self,
         query,
@@ -196,18 +228,18 @@ class MultiHeadAttention(keras.layers.Layer):
 
         q = self.query_dense(query)
         if cache is not None and cache_update_index is None:
-            k, v = cache[:, 0], cache[:, 1]
+            k, v = cache
         else:
             k = self.key_dense(key)
             v = self.value_dense(value)
             if cache is not None:
-                # One update of the new positions into the cache: a loop that
-                # carries the cache updates it in place. (Updating the keys and
-                # values apart and stacking them again would copy the whole
-                # cache at every step.)
-                new = ops.cast(ops.stack((k, v), axis=1), cache.dtype)
-                cache = ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
-                k, v = cache[:, 0], cache[:, 1]
+                # Keys and values are two tensors, so d_k and d_v may differ,
+                # and a loop that carries them updates each one in place.
+                key_cache, value_cache = cache
+                start = [0, cache_update_index, 0, 0]
+                k = ops.slice_update(key_cache, start, ops.cast(k, key_cache.dtype))
+                v = ops.slice_update(value_cache, start, ops.cast(v, value_cache.dtype))
+                cache = (k, v)
 
         mask = self._merge_masks(
             q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index

@@ -12,11 +12,11 @@ its feed-forward network.
 """
 
 import keras
+from keras import ops
 
+from keras_transformer import validation
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
-
-NORM_POSITIONS = ("post", "pre")
 
 
 class _Block(keras.layers.Layer):
@@ -36,12 +36,8 @@ class _Block(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if norm_position not in NORM_POSITIONS:
-            raise ValueError(
-                f"norm_position={norm_position!r} must be one of {NORM_POSITIONS}."
-            )
-        if not 0 <= dropout_rate < 1:
-            raise ValueError(f"dropout_rate={dropout_rate!r} must be in [0, 1).")
+        validation.check_choice("norm_position", norm_position, validation.NORM_POSITIONS)
+        validation.check_rate("dropout_rate", dropout_rate)
         self._num_heads = num_heads
         self._d_ff = d_ff
         self._key_dim = key_dim
@@ -56,17 +52,9 @@ class _Block(keras.layers.Layer):
     def norm_position(self):
         return self._norm_position
 
-    def _head_dims(self, d_model):
-        if self._key_dim is None and d_model % self._num_heads:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by num_heads={self._num_heads}: "
-                "choose d_model as a multiple of num_heads, or pass key_dim."
-            )
-        key_dim = self._key_dim or d_model // self._num_heads
-        return key_dim, self._value_dim or key_dim
-
     def _attention(self, name, d_model):
-        key_dim, value_dim = self._head_dims(d_model)
+        key_dim, value_dim = validation.head_dims(
+            d_model, self._num_heads, self._key_dim, self._value_dim)
         return MultiHeadAttention(
             num_heads=self._num_heads,
             key_dim=key_dim,
@@ -212,11 +200,14 @@ class DecoderBlock(_Block):
         encoder_outputs: (batch, S, d_model) output of the encoder stack.
         decoder_padding_mask: (batch, T) bool, True for real target tokens.
         encoder_padding_mask: (batch, S) bool, True for real source tokens.
-        self_attention_cache: (batch, 2, T_max, num_heads, key_dim) cached keys
-            and values of the self-attention.
+        self_attention_cache: The self-attention's `(keys, values)` cache,
+            (batch, T_max, num_heads, key_dim) and (batch, T_max, num_heads,
+            value_dim), from `initial_cache` or the previous step.
         cache_update_index: int scalar, the position of `inputs[:, 0]`.
-        cross_attention_cache: (batch, 2, S, num_heads, key_dim) precomputed keys
-            and values of `encoder_outputs` (see `MultiHeadAttention`).
+        cross_attention_cache: The precomputed `(keys, values)` of
+            `encoder_outputs`, (batch, S, num_heads, key_dim) and (batch, S,
+            num_heads, value_dim), from `initial_cache`; `encoder_outputs` is
+            then not read.
         return_attention_scores: Whether to also return a dict with the
             self-attention ("self") and cross-attention ("cross") weights.
         training: Whether dropout is active.
@@ -248,6 +239,24 @@ class DecoderBlock(_Block):
         self.feed_forward_norm = self._norm("feed_forward_norm", d_model)
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
+
+    def initial_cache(self, encoder_outputs, length):
+        """The caches of incremental decoding for this block.
+
+        Args:
+            encoder_outputs: (batch, S, d_model) output of the encoder stack.
+            length: Positions the self-attention cache has room for.
+
+        Returns:
+            A dict: "self", the empty self-attention `(keys, values)`, and
+            "cross", the encoder-decoder attention's keys and values of
+            `encoder_outputs`, projected once for every decoding step.
+        """
+        batch_size = ops.shape(encoder_outputs)[0]
+        return {
+            "self": self.self_attention.initial_cache(batch_size, length),
+            "cross": self.cross_attention.precompute_cache(encoder_outputs),
+        }
 
     def call(
         self,

@@ -11,6 +11,8 @@ import os
 import keras
 import numpy as np
 
+from keras_transformer import run_dir
+
 
 def average_checkpoints(paths, output_path=None):
     """Averages the weights of several saved models of one architecture.
@@ -33,10 +35,10 @@ def average_checkpoints(paths, output_path=None):
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f"No checkpoint at {path!r}.")
-    model = keras.saving.load_model(paths[-1], compile=False)
+    model = run_dir.load_model(paths[-1])
     sums = [np.asarray(keras.ops.convert_to_numpy(w), dtype="float64") for w in model.weights]
     for path in paths[:-1]:
-        other = keras.saving.load_model(path, compile=False)
+        other = run_dir.load_model(path)
         if len(other.weights) != len(model.weights) or any(
             tuple(a.shape) != tuple(b.shape) for a, b in zip(other.weights, model.weights)
         ):
@@ -50,6 +52,5 @@ def average_checkpoints(paths, output_path=None):
         if keras.backend.is_float_dtype(weight.dtype):
             weight.assign((total / len(paths)).astype(keras.backend.standardize_dtype(weight.dtype)))
     if output_path:
-        os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-        model.save(output_path)
+        run_dir.save_model(model, output_path)
     return model

@@ -11,12 +11,8 @@ base model). `fit_steps` runs `model.fit` over a repeating dataset in windows of
   `keep_checkpoints` for checkpoint averaging (§6.1);
 - `keras.callbacks.CSVLogger` and `keras.callbacks.TensorBoard` log the losses.
 
-Run directory layout:
-
-    RUN_DIR/backup/        BackupAndRestore state (removed when training ends)
-    RUN_DIR/checkpoints/   step-0001000.keras, ...
-    RUN_DIR/logs/          TensorBoard
-    RUN_DIR/training_log.csv
+Its files go where `keras_transformer.run_dir` names them (backup/,
+checkpoints/, logs/, training_log.csv).
 """
 
 import glob
@@ -25,6 +21,9 @@ import re
 import time
 
 import keras
+
+from keras_transformer import run_dir as run_files
+from keras_transformer import validation
 
 CHECKPOINT_PATTERN = re.compile(r"step-(\d+)\.keras$")
 
@@ -52,18 +51,15 @@ class StepCheckpoint(keras.callbacks.Callback):
 
     def __init__(self, directory, keep=5):
         super().__init__()
-        if keep is not None and keep < 1:
-            raise ValueError(f"keep={keep!r} must be a positive integer or None.")
+        if keep is not None:
+            validation.check_positive_int("keep", keep, "or None to keep every checkpoint")
         self.directory = directory
         self.keep = keep
 
     def on_epoch_end(self, epoch, logs=None):
         os.makedirs(self.directory, exist_ok=True)
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        path = os.path.join(self.directory, f"step-{step:07d}.keras")
-        partial = path + ".partial.keras"
-        self.model.save(partial)
-        os.replace(partial, path)
+        run_files.save_model(self.model, os.path.join(self.directory, f"step-{step:07d}.keras"))
         if self.keep:
             for old in list_checkpoints(self.directory)[: -self.keep]:
                 os.remove(old)
@@ -132,10 +128,11 @@ def fit_steps(
     os.makedirs(run_dir, exist_ok=True)
     windows = -(-total_steps // checkpoint_every)
     callbacks = [
-        keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup")),
-        StepCheckpoint(os.path.join(run_dir, "checkpoints"), keep=keep_checkpoints),
-        keras.callbacks.CSVLogger(os.path.join(run_dir, "training_log.csv"), append=True),
-        keras.callbacks.TensorBoard(os.path.join(run_dir, "logs"), update_freq="epoch"),
+        keras.callbacks.BackupAndRestore(run_files.path(run_dir, run_files.BACKUP)),
+        StepCheckpoint(run_files.path(run_dir, run_files.CHECKPOINTS), keep=keep_checkpoints),
+        keras.callbacks.CSVLogger(run_files.path(run_dir, run_files.TRAINING_LOG), append=True),
+        keras.callbacks.TensorBoard(run_files.path(run_dir, run_files.LOGS),
+                                    update_freq="epoch"),
         *extra_callbacks,
     ]
     return model.fit(

@@ -13,7 +13,7 @@ over the real target tokens of the batch.
 import keras
 from keras import ops
 
-from keras_transformer.distribution import global_sum
+from keras_transformer.backend import global_sum
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -12,8 +12,10 @@ vocabulary of about 37000 tokens for En-De) or word pieces (32000 for En-Fr).
   detokenization re-attaches punctuation with simple rules.
 
 Every tokenizer has the same special ids: pad = 0, unknown = 1, begin = 2, end = 3.
-It is saved as a directory next to the model's `.keras` file, so that training,
-evaluation, export and serving use one vocabulary.
+They live on the tokenizer (`pad_id`, `unk_id`, `bos_id`, `eos_id`), and the data
+pipeline, decoding and export read them from there. A tokenizer is saved as a
+directory next to the model's `.keras` file, so that training, evaluation, export
+and serving use one vocabulary.
 
 Seed before you create tokenizers: under TensorFlow, `tf.random.set_seed` (and
 so `keras.utils.set_random_seed`) frees the resources of tf-text ops created
@@ -23,10 +25,10 @@ earlier, and a SentencePiece tokenizer made before it fails inside tf.data.
 import contextlib
 import json
 import os
-import re
 import tempfile
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from keras_transformer.validation import check_choice, check_positive_int
+
 KINDS = ("sentencepiece", "wordpiece")
 WORDPIECE_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 _CONFIG_FILE = "tokenizer.json"
@@ -69,6 +71,10 @@ class SubwordTokenizer:
         lowercase: Whether text is lowercased before tokenization (for
             SentencePiece this is part of the model proto's normalizer).
 
+    Attributes:
+        pad_id, unk_id, bos_id, eos_id: The special ids, 0, 1, 2 and 3.
+        vocab_size: Number of ids, the special ones included.
+
     Example:
 
     >>> tokenizer = SubwordTokenizer.train(["a man rides a bike", ...], vocab_size=500)
@@ -77,14 +83,15 @@ class SubwordTokenizer:
     ['a man rides']
     """
 
-    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+    # The order of the pieces every vocabulary starts with (<pad> <unk> <s> </s>,
+    # or WORDPIECE_SPECIAL_TOKENS). Callers read the ids from the tokenizer they
+    # hold, so any object with these attributes can stand in for this class.
+    pad_id, unk_id, bos_id, eos_id = 0, 1, 2, 3
 
     def __init__(self, kind, vocabulary, lowercase=False):
         import keras_hub
 
-        if kind not in KINDS:
-            raise ValueError(f"kind={kind!r} must be one of {KINDS}.")
-        self.kind = kind
+        self.kind = check_choice("kind", kind, KINDS)
         self.lowercase = lowercase
         self._vocabulary = vocabulary
         if kind == "sentencepiece":
@@ -129,10 +136,13 @@ class SubwordTokenizer:
         texts = [text for text in texts if text.strip()]
         if not texts:
             raise ValueError("Cannot learn a vocabulary from no text: `texts` is empty.")
-        if kind not in KINDS:
-            raise ValueError(f"kind={kind!r} must be one of {KINDS}.")
-        if not isinstance(vocab_size, int) or vocab_size <= len(WORDPIECE_SPECIAL_TOKENS):
-            raise ValueError(f"vocab_size={vocab_size!r} must be an integer above 4.")
+        check_choice("kind", kind, KINDS)
+        special = len(WORDPIECE_SPECIAL_TOKENS)
+        if check_positive_int("vocab_size", vocab_size) <= special:
+            raise ValueError(
+                f"vocab_size={vocab_size!r} must be above {special}: it counts the "
+                f"{special} special tokens."
+            )
         if kind == "sentencepiece":
             with _quiet_native_stderr():
                 proto = keras_hub.tokenizers.compute_sentence_piece_proto(
@@ -187,9 +197,9 @@ class SubwordTokenizer:
         cleaned = []
         for row in ids:
             row = [int(i) for i in row]
-            if EOS_ID in row:
-                row = row[: row.index(EOS_ID)]
-            cleaned.append([i for i in row if i not in (PAD_ID, BOS_ID)])
+            if self.eos_id in row:
+                row = row[: row.index(self.eos_id)]
+            cleaned.append([i for i in row if i not in (self.pad_id, self.bos_id)])
         if not cleaned:
             return []
         # keras-hub needs a non-empty row to infer the ragged structure.
@@ -201,7 +211,25 @@ class SubwordTokenizer:
             text = _to_python(self.layer.detokenize([row]))[0]
             texts.append(text.decode("utf-8") if isinstance(text, bytes) else text)
         if self.kind == "wordpiece":
-            texts = [_join_punctuation(text) for text in texts]
+            import tensorflow as tf
+
+            joined = _join_punctuation(tf.constant(texts, tf.string)).numpy()
+            texts = [text.decode("utf-8") for text in joined]
+        return texts
+
+    def detokenize_tf(self, ids):
+        """In-graph detokenization (for export): the graph twin of `detokenize`.
+
+        Args:
+            ids: An int32 `tf.RaggedTensor` of ids without special ids.
+
+        Returns:
+            A tf.string tensor, one text per row; WordPiece's punctuation is
+            re-attached by the same rules `detokenize` applies.
+        """
+        texts = self.layer.detokenize(ids)
+        if self.kind == "wordpiece":
+            texts = _join_punctuation(texts)
         return texts
 
     def id_to_token(self, token_id):
@@ -263,15 +291,23 @@ def _to_python(values):
     return list(values)
 
 
-_SPACE_BEFORE = re.compile(r"\s+([.,!?;:%)\]}»”])")
-_SPACE_AFTER = re.compile(r"([(\[{«“¿¡])\s+")
-_APOSTROPHE = re.compile(r"(\w) ' (\w)")
-_HYPHEN = re.compile(r"(\w) - (\w)")
+# WordPiece splits punctuation off words; detokenizing joins it back with these
+# rules (RE2 syntax, for tf.strings.regex_replace), in Python and in the
+# exported graph alike.
+_WORD = r"[\pL\pN_]"
+_PUNCTUATION_RULES = (
+    (r"\s+([.,!?;:%)\]}»”])", r"\1"),  # no space before closing marks
+    (r"([(\[{«“¿¡])\s+", r"\1"),  # nor after opening ones
+    (f"({_WORD}) ' ({_WORD})", r"\1'\2"),  # don't
+    (f"({_WORD}) - ({_WORD})", r"\1-\2"),  # well-known
+)
 
 
-def _join_punctuation(text):
-    """Undoes WordPiece's split on punctuation: "a bike ." -> "a bike."."""
-    text = _SPACE_BEFORE.sub(r"\1", text)
-    text = _SPACE_AFTER.sub(r"\1", text)
-    text = _APOSTROPHE.sub(r"\1'\2", text)
-    return _HYPHEN.sub(r"\1-\2", text)
+def _join_punctuation(texts):
+    """Undoes WordPiece's split on punctuation in a tf.string tensor:
+    "a bike ." -> "a bike."."""
+    import tensorflow as tf
+
+    for pattern, replacement in _PUNCTUATION_RULES:
+        texts = tf.strings.regex_replace(texts, pattern, replacement)
+    return texts

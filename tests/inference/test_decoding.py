@@ -1,6 +1,5 @@
 """Tests of §6.1 decoding: cached greedy search and beam search with length penalty."""
 
-import functools
 import itertools
 import os
 import subprocess
@@ -14,13 +13,15 @@ from keras import ops
 import keras_transformer as kt
 from keras_transformer.inference import (
     beam_search,
-    decoding,
     greedy_search,
     length_penalty,
 )
-from keras_transformer.training.toy_tasks import BOS_ID, EOS_ID, reverse_task
+from keras_transformer.training.toy_tasks import ToyVocabulary
 
 BACKENDS = ("tensorflow", "jax", "torch")
+# The special ids of every test here, read from a tokenizer-like vocabulary.
+VOCABULARY = ToyVocabulary(20)
+BOS, EOS = VOCABULARY.bos_id, VOCABULARY.eos_id
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -63,7 +64,7 @@ def sequence_log_probs(model, source, outputs, bos_id):
     return np.where(np.arange(width)[None] < lengths[:, None], picked, 0).sum(1), lengths
 
 
-def naive_greedy(model, source, bos_id, eos_id, max_length):
+def naive_greedy(model, source, bos_id, eos_id, max_output_length):
     """Greedy decoding by re-running the whole model on the prefix at every step.
 
     The target is a fixed-width buffer; positions after the prefix are padding,
@@ -71,22 +72,22 @@ def naive_greedy(model, source, bos_id, eos_id, max_length):
     """
     pad_id = model.config.pad_id
     batch_size = len(source)
-    targets = np.full((batch_size, max_length), pad_id, "int32")
+    targets = np.full((batch_size, max_output_length), pad_id, "int32")
     targets[:, 0] = bos_id
     outputs = [[] for _ in range(batch_size)]
     scores = np.zeros(batch_size, "float32")
-    for step in range(max_length):
+    for step in range(max_output_length):
         # predict_on_batch compiles the forward pass once for the fixed shapes.
         logits = model.predict_on_batch({"source": source, "target": targets})
         log_probs = ops.convert_to_numpy(ops.log_softmax(logits[:, step], axis=-1))
         log_probs[:, [pad_id, bos_id]] = -np.inf  # never generated
         for row in range(batch_size):
-            if outputs[row][-1:] == [eos_id] or len(outputs[row]) == max_length:
+            if outputs[row][-1:] == [eos_id] or len(outputs[row]) == max_output_length:
                 continue
             token = int(np.argmax(log_probs[row]))
             outputs[row].append(token)
             scores[row] += log_probs[row, token]
-            if step + 1 < max_length:
+            if step + 1 < max_output_length:
                 targets[row, step + 1] = token
     return outputs, scores
 
@@ -103,6 +104,8 @@ CONFIGS = {
     "pre_norm": {"norm_position": "pre"},
     "untied_learned": {"share_embeddings": False, "tie_output_embedding": False,
                        "target_vocab_size": 17, "position_encoding": "learned"},
+    # Table 3 row (B): d_k halved alone, d_v kept.
+    "key_dim_unequal_value_dim": {"key_dim": 4, "value_dim": 8},
 }
 
 
@@ -110,40 +113,42 @@ CONFIGS = {
 def test_cached_greedy_matches_full_recomputation(model, overrides):
     model = tiny_model(**overrides) if overrides else model
     source = source_batch()
-    ids, scores = greedy_search(model, source, bos_id=1, eos_id=2, max_length=8)
-    expected_ids, expected_scores = naive_greedy(model, source, 1, 2, max_length=8)
+    ids, scores = greedy_search(model, source, bos_id=BOS, eos_id=EOS, max_output_length=8)
+    expected_ids, expected_scores = naive_greedy(model, source, BOS, EOS, max_output_length=8)
     assert strip(ids) == expected_ids
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-4)
 
 
 def test_beam_size_one_without_length_penalty_equals_greedy(model):
     source = source_batch()
-    greedy_ids, greedy_scores = greedy_search(model, source, 1, 2, max_length=8)
-    beam_ids, beam_scores = beam_search(model, source, 1, 2, beam_size=1, alpha=0.0,
-                                        max_length=8)
+    greedy_ids, greedy_scores = greedy_search(model, source, BOS, EOS, max_output_length=8)
+    beam_ids, beam_scores = beam_search(model, source, BOS, EOS, beam_size=1, alpha=0.0,
+                                        max_output_length=8)
     np.testing.assert_array_equal(beam_ids, greedy_ids)
     np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-5)
 
 
 def test_wide_beam_finds_the_exhaustive_best():
     """With a beam as wide as every step's candidates, beam search is exact search."""
-    vocab_size, max_length = 6, 3  # pad 0, bos 1, eos 2, words 3 to 5
+    vocab_size, max_length = 6, 3
     model = tiny_model(vocab_size=vocab_size)
     model.target_embedding.output_bias.assign(
         np.random.default_rng(2).normal(scale=2.0, size=vocab_size).astype("float32")
     )
     source = source_batch(batch_size=2, width=4, vocab_size=vocab_size)
-    # Every output of at most 3 tokens; EOS may only come last.
-    tokens = [3, 4, 5]
-    candidates = [[2]] + [[*prefix, 2] for prefix in itertools.product(tokens, repeat=1)]
+    # Every output of at most 3 tokens; EOS may only come last. Padding and BOS
+    # are never generated; every other id is.
+    tokens = [t for t in range(vocab_size) if t not in (VOCABULARY.pad_id, BOS, EOS)]
+    assert len(tokens) == 3
+    candidates = [[EOS]] + [[*prefix, EOS] for prefix in itertools.product(tokens, repeat=1)]
     candidates += [[*prefix, last] for prefix in itertools.product(tokens, repeat=2)
-                   for last in (2, 3, 4, 5)]
+                   for last in (EOS, *tokens)]
     candidates = [list(c) for c in candidates]
-    log_probs = [sequence_log_probs(model, row, candidates, bos_id=1) for row in source]
+    log_probs = [sequence_log_probs(model, row, candidates, bos_id=BOS) for row in source]
     for alpha in (0.0, 0.6, 2.0):
         # A step has at most 3^2 alive hypotheses x 4 tokens = 36 candidates.
-        ids, scores = beam_search(model, source, 1, 2, beam_size=36, alpha=alpha,
-                                  max_length=max_length)
+        ids, scores = beam_search(model, source, BOS, EOS, beam_size=36, alpha=alpha,
+                                  max_output_length=max_length)
         for row, (row_log_probs, lengths) in enumerate(log_probs):
             normalized = row_log_probs / ops.convert_to_numpy(length_penalty(lengths, alpha))
             best = int(np.argmax(normalized))
@@ -153,15 +158,15 @@ def test_wide_beam_finds_the_exhaustive_best():
 
 def test_batched_search_equals_one_sentence_at_a_time(model):
     source = source_batch()
-    ids, scores = beam_search(model, source, 1, 2, max_length=8)
+    ids, scores = beam_search(model, source, BOS, EOS, max_output_length=8)
     # Each sentence's beams are gathered from its own rows only: reordering
     # the batch reorders the results.
     order = [2, 0, 1]
-    reordered_ids, reordered_scores = beam_search(model, source[order], 1, 2, max_length=8)
+    reordered_ids, reordered_scores = beam_search(model, source[order], BOS, EOS, max_output_length=8)
     assert strip(reordered_ids) == [strip(ids)[i] for i in order]
     np.testing.assert_allclose(reordered_scores, scores[order], rtol=1e-5)
     # Padding a sentence to the batch width changes nothing.
-    alone_ids, alone_scores = beam_search(model, source[1:2, :4], 1, 2, max_length=8)
+    alone_ids, alone_scores = beam_search(model, source[1:2, :4], BOS, EOS, max_output_length=8)
     assert strip(alone_ids) == strip(ids[1:2])
     np.testing.assert_allclose(alone_scores, scores[1:2], rtol=1e-4)
 
@@ -170,54 +175,54 @@ def test_batched_search_equals_one_sentence_at_a_time(model):
 def test_output_ends_at_eos_or_at_source_length_plus_50(search):
     model = tiny_model()
     source = source_batch()
-    set_output_bias(model, 2, -1e4)  # EOS never wins: every sentence runs to its limit
-    ids, _ = search(model, source, bos_id=1, eos_id=2)
+    set_output_bias(model, EOS, -1e4)  # EOS never wins: every sentence runs to its limit
+    ids, _ = search(model, source, bos_id=BOS, eos_id=EOS)
     source_lengths = np.sum(source != 0, axis=1)
     np.testing.assert_array_equal(np.sum(ids != 0, axis=1), source_lengths + 50)
     assert ids.shape[1] == source_lengths.max() + 50 and not np.any(ids == 2)
-    set_output_bias(model, 2, 1e4)  # EOS always wins
-    ids, scores = search(model, source, bos_id=1, eos_id=2)
-    np.testing.assert_array_equal(ids, [[2], [2], [2]])
+    set_output_bias(model, EOS, 1e4)  # EOS always wins
+    ids, scores = search(model, source, bos_id=BOS, eos_id=EOS)
+    np.testing.assert_array_equal(ids, [[EOS]] * 3)
     np.testing.assert_allclose(scores, 0.0, atol=1e-3)
 
 
 def test_learned_positions_cap_the_output_length():
     model = tiny_model(position_encoding="learned", max_length=16)
-    set_output_bias(model, 2, -1e4)
-    ids, _ = beam_search(model, source_batch(), bos_id=1, eos_id=2)
+    set_output_bias(model, EOS, -1e4)
+    ids, _ = beam_search(model, source_batch(), bos_id=BOS, eos_id=EOS)
     assert ids.shape == (3, 16) and np.all(ids != 0)
 
 
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly")
 def test_compiled_once_per_shape_and_sees_new_weights(monkeypatch):
     traces = []
-    original = decoding.decode_step
+    model = tiny_model()
+    original = model.decode
 
-    def counting_step(*args, **kwargs):
+    def counting_decode(*args, **kwargs):
         traces.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(decoding, "decode_step", counting_step)
-    model = tiny_model()
+    monkeypatch.setattr(model, "decode", counting_decode)
     source = source_batch()
-    first, _ = beam_search(model, source, 1, 2, max_length=8)
+    first, _ = beam_search(model, source, BOS, EOS, max_output_length=8)
     traced = len(traces)
     assert traced > 0
-    beam_search(model, source + 0, 1, 2, max_length=8)
-    beam_search(model, source, 1, 3, alpha=1.0, max_length=8)  # ids and α are arguments
+    beam_search(model, source + 0, BOS, EOS, max_output_length=8)
+    beam_search(model, source, BOS, EOS + 1, alpha=1.0, max_output_length=8)  # ids and α are arguments
     assert len(traces) == traced, "same shapes must reuse the compiled search"
     # New weights reach the compiled function without tracing it again.
-    set_output_bias(model, 2, 1e4)
-    forced, _ = beam_search(model, source, 1, 2, max_length=8)
+    set_output_bias(model, EOS, 1e4)
+    forced, _ = beam_search(model, source, BOS, EOS, max_output_length=8)
     assert len(traces) == traced
-    np.testing.assert_array_equal(forced, [[2], [2], [2]])
+    np.testing.assert_array_equal(forced, [[EOS]] * 3)
     assert not np.array_equal(first[:, :1], forced)
 
 
 def test_mixed_precision_models_decode():
     keras.config.set_dtype_policy("mixed_float16")
     model = tiny_model()
-    ids, scores = beam_search(model, source_batch(), 1, 2, max_length=6)
+    ids, scores = beam_search(model, source_batch(), BOS, EOS, max_output_length=6)
     assert ids.dtype == np.int32 and scores.dtype == np.float32
     assert np.all(np.isfinite(scores)) and np.all((ids >= 0) & (ids < 20))
 
@@ -233,88 +238,65 @@ def test_bad_arguments_are_explained():
     model = tiny_model()
     source = source_batch()
     with pytest.raises(ValueError, match="beam_size=0 must be a positive integer"):
-        beam_search(model, source, 1, 2, beam_size=0)
+        beam_search(model, source, BOS, EOS, beam_size=0)
     with pytest.raises(ValueError, match="alpha=-0.5 must be a number >= 0"):
-        beam_search(model, source, 1, 2, alpha=-0.5)
+        beam_search(model, source, BOS, EOS, alpha=-0.5)
     with pytest.raises(ValueError, match=r"bos_id=20 must be .*\(0 <= bos_id < 20\)"):
         greedy_search(model, source, 20, 2)
     with pytest.raises(ValueError, match="eos_id=0 equals the padding id"):
         greedy_search(model, source, 1, 0)
-    with pytest.raises(ValueError, match="max_length=0 must be a positive integer"):
-        greedy_search(model, source, 1, 2, max_length=0)
+    with pytest.raises(ValueError, match="max_output_length=0 must be a positive integer"):
+        greedy_search(model, source, BOS, EOS, max_output_length=0)
     with pytest.raises(ValueError, match=r"add a batch axis"):
-        greedy_search(model, source[0], 1, 2)
+        greedy_search(model, source[0], BOS, EOS)
     with pytest.raises(ValueError, match="ragged"):
-        greedy_search(model, [[3, 4, 5], [3]], 1, 2)
+        greedy_search(model, [[3, 4, 5], [3]], BOS, EOS)
     with pytest.raises(ValueError, match=r"ids from 3 to 25, outside .* id < 20"):
-        greedy_search(model, [[3, 25]], 1, 2)
+        greedy_search(model, [[3, 25]], BOS, EOS)
     with pytest.raises(TypeError, match="needs a keras_transformer.Transformer"):
-        beam_search(keras.Sequential(), source, 1, 2)
+        beam_search(keras.Sequential(), source, BOS, EOS)
     learned = tiny_model(position_encoding="learned", max_length=8)
     with pytest.raises(ValueError, match="max_length=8"):
-        beam_search(learned, np.ones((1, 9), "int32"), 1, 2)
+        beam_search(learned, np.ones((1, 9), "int32"), BOS, EOS)
 
 
-# A model trained on the toy reversal task: non-trivial outputs with clear margins.
-
-TOY_VOCAB_SIZE, TOY_MAX_LENGTH = 10, 5
-
-
-@functools.cache
-def trained_reverse_model():
-    """A tiny model trained to reverse sequences (about 10 s on 2 CPU cores).
-
-    Cached, so that every test module of this run shares one training.
-    """
-    keras.utils.set_random_seed(0)
-    config = kt.TransformerConfig.tiny(
-        vocab_size=TOY_VOCAB_SIZE, d_model=64, d_ff=128, num_heads=4,
-        label_smoothing=0.0, max_length=16,
-    )
-    model = kt.Transformer(config)
-    inputs, labels = reverse_task(2048, vocab_size=TOY_VOCAB_SIZE,
-                                  max_length=TOY_MAX_LENGTH, seed=1)
-    steps = 12 * len(labels) // 128
-    model.compile(
-        optimizer=keras.optimizers.Adam(
-            keras.optimizers.schedules.PolynomialDecay(5e-3, steps, 5e-4),
-            beta_1=0.9, beta_2=0.98, epsilon=1e-9,
-        ),
-        loss=kt.LabelSmoothedCrossEntropy(0.0),
-    )
-    with _one_torch_thread():
-        model.fit(inputs, labels, batch_size=128, epochs=12, verbose=0)
-    return model
+# Token ids: out of range, wrong shapes, empty batches.
+@pytest.mark.parametrize("source_ids, message", [
+    (np.array([[5, 20, 3]]), "outside the source vocabulary"),
+    (np.array([[5, -1, 3]]), "outside the source vocabulary"),
+    (np.array([5, 6, 3]), "add a batch axis"),
+    ([[5, 6, 3], [7, 3]], "ragged list"),
+    (np.array([[0.5, 3.0]]), "matrix of int ids"),
+])
+def test_bad_token_ids_are_rejected_before_decoding(model, source_ids, message):
+    with pytest.raises(ValueError, match=message):
+        beam_search(model, source_ids, bos_id=BOS, eos_id=EOS)
 
 
-class _one_torch_thread:
-    """Trains torch on one thread: on a shared 2-core machine, tiny matrices and
-    two spinning OpenMP threads make training several times slower."""
-
-    def __enter__(self):
-        self._threads = None
-        if keras.backend.backend() == "torch":
-            import torch
-
-            self._threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        if self._threads is not None:
-            import torch
-
-            torch.set_num_threads(self._threads)
+@pytest.mark.parametrize("options, message", [
+    (dict(beam_size=0), "beam_size=0 must be a positive integer"),
+    (dict(alpha=-0.5), "alpha=-0.5 must be a number >= 0"),
+    (dict(max_output_length=0), "max_output_length=0 must be a positive integer"),
+    (dict(eos_id=VOCABULARY.pad_id), "equals the padding id"),
+    (dict(bos_id=99), "bos_id=99 must be an integer id of the target vocabulary"),
+])
+def test_bad_search_options_say_what_to_pass(model, options, message):
+    arguments = dict(bos_id=BOS, eos_id=EOS)
+    arguments.update(options)
+    with pytest.raises(ValueError, match=message):
+        beam_search(model, np.array([[5, 6, EOS]]), **arguments)
 
 
-def held_out_reversal(num_examples=128):
-    inputs, labels = reverse_task(num_examples, vocab_size=TOY_VOCAB_SIZE,
-                                  max_length=TOY_MAX_LENGTH, seed=2)
-    return inputs["source"], strip(labels)
+def test_an_empty_batch_decodes_to_an_empty_result(model):
+    ids, scores = greedy_search(model, np.zeros((0, 4), "int32"), bos_id=BOS, eos_id=EOS)
+    assert ids.shape == (0, 0) and scores.shape == (0,)
 
 
-def test_trained_model_reverses_sequences_with_beam_search():
-    source, expected = held_out_reversal()
-    ids, scores = beam_search(trained_reverse_model(), source, BOS_ID, EOS_ID)
+
+def test_trained_model_reverses_sequences_with_beam_search(reversal):
+    source, expected = reversal.held_out()
+    vocabulary = reversal.vocabulary
+    ids, scores = beam_search(reversal.model, source, vocabulary.bos_id, vocabulary.eos_id)
     exact = np.mean([got == want for got, want in zip(strip(ids), expected)])
     assert exact >= 0.85, f"only {exact:.0%} of held-out sequences reversed exactly"
     assert np.all(scores <= 0)
@@ -325,15 +307,17 @@ import sys, numpy as np, keras
 from keras_transformer.inference import beam_search
 model = keras.saving.load_model(sys.argv[1])
 source = np.load(sys.argv[2])
-ids, scores = beam_search(model, source, bos_id=1, eos_id=2, beam_size=4, alpha=0.6)
+ids, scores = beam_search(model, source, bos_id=int(sys.argv[4]), eos_id=int(sys.argv[5]),
+                          beam_size=4, alpha=0.6)
 np.savez(sys.argv[3], ids=ids, scores=scores)
 """
 
 
-def test_same_weights_give_the_same_beam_search_under_every_backend(tmp_path):
-    model = trained_reverse_model()
-    source = held_out_reversal(32)[0]
-    ids, scores = beam_search(model, source, BOS_ID, EOS_ID, beam_size=4, alpha=0.6)
+def test_same_weights_give_the_same_beam_search_under_every_backend(tmp_path, reversal):
+    model, vocabulary = reversal.model, reversal.vocabulary
+    source = reversal.held_out(32)[0]
+    ids, scores = beam_search(model, source, vocabulary.bos_id, vocabulary.eos_id,
+                              beam_size=4, alpha=0.6)
     model_path, source_path = tmp_path / "model.keras", tmp_path / "source.npy"
     model.save(model_path)
     np.save(source_path, source)
@@ -348,7 +332,7 @@ def test_same_weights_give_the_same_beam_search_under_every_backend(tmp_path):
         with open(log_path, "w") as log:
             process = subprocess.Popen(
                 [sys.executable, "-c", SEARCH_SCRIPT, str(model_path), str(source_path),
-                 str(out_path)],
+                 str(out_path), str(vocabulary.bos_id), str(vocabulary.eos_id)],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         runs[backend] = (process, out_path, log_path)

@@ -6,7 +6,6 @@ import keras
 import numpy as np
 import pytest
 from helpers import run_layer_test, to_numpy
-from keras import ops
 
 from keras_transformer.layers import MultiHeadAttention
 from keras_transformer.layers import attention as attention_module
@@ -172,11 +171,13 @@ def test_jit_compiled_call_matches_eager():
     np.testing.assert_allclose(compiled, to_numpy(eager), atol=1e-5)
 
 
-def test_cached_self_attention_matches_full_attention():
-    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+@pytest.mark.parametrize("value_dim", [4, 6], ids=["d_v=d_k", "d_v!=d_k"])
+def test_cached_self_attention_matches_full_attention(value_dim):
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=value_dim)
     x = random(2, 6, 8)
     full = to_numpy(layer(x, use_causal_mask=True))
-    cache = ops.zeros((2, 2, 6, 2, 4))
+    cache = layer.initial_cache(2, 6)
+    assert [tuple(part.shape) for part in cache] == [(2, 6, 2, 4), (2, 6, 2, value_dim)]
     steps = []
     for index in range(6):
         output, cache = layer(x[:, index : index + 1], use_causal_mask=True,
@@ -193,7 +194,7 @@ def test_one_query_against_a_cache_matches_numpy(dtype):
     query, memory = random(2, 1, 8), random(2, 5, 8)
     padding = np.array([[True] * 5, [True, True, True, False, False]])
     layer(query, memory)  # builds the layer
-    cache = ops.stack([layer.key_dense(memory), layer.value_dense(memory)], axis=1)
+    cache = layer.precompute_cache(memory)
     output, _, weights = layer(query, cache=cache, key_padding_mask=padding,
                                return_attention_scores=True)
     expected, expected_weights = numpy_multi_head(layer, query, memory, padding[:, None, :])
@@ -204,11 +205,12 @@ def test_one_query_against_a_cache_matches_numpy(dtype):
     assert np.all(to_numpy(weights)[1, :, :, 3:] == 0)
 
 
-def test_precomputed_cross_attention_cache_matches_direct_call():
-    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+@pytest.mark.parametrize("value_dim", [4, 6], ids=["d_v=d_k", "d_v!=d_k"])
+def test_precomputed_cross_attention_cache_matches_direct_call(value_dim):
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=value_dim)
     query, memory = random(2, 3, 8), random(2, 5, 8)
     direct = to_numpy(layer(query, memory))
-    cache = ops.stack([layer.key_dense(memory), layer.value_dense(memory)], axis=1)
+    cache = layer.precompute_cache(memory)
     cached, _ = layer(query, cache=cache)
     np.testing.assert_allclose(to_numpy(cached), direct, atol=1e-6)
 

@@ -100,15 +100,20 @@ def test_decoder_self_attention_is_causal():
 
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
-def test_cached_decoding_matches_full(norm_position):
-    block = DecoderBlock(num_heads=2, d_ff=16, norm_position=norm_position)
+@pytest.mark.parametrize("value_dim", [None, 6], ids=["d_v=d_k", "d_v!=d_k"])
+def test_cached_decoding_matches_full(norm_position, value_dim):
+    block = DecoderBlock(num_heads=2, d_ff=16, value_dim=value_dim,
+                         norm_position=norm_position)
     x, memory = random(2, 5, 8), random(2, 3, 8)
     full = to_numpy(block(x, memory))
-    cache = ops.zeros((2, 2, 5, 2, 4))
+    cache = block.initial_cache(memory, 5)
     steps = []
     for index in range(5):
-        out, cache = block(x[:, index : index + 1], memory,
-                           self_attention_cache=cache, cache_update_index=index)
+        # The cross-attention reads its precomputed keys and values, not `memory`.
+        out, self_cache = block(x[:, index : index + 1], None,
+                                self_attention_cache=cache["self"], cache_update_index=index,
+                                cross_attention_cache=cache["cross"])
+        cache = {"self": self_cache, "cross": cache["cross"]}
         steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 
@@ -124,7 +129,8 @@ def test_decoder_returns_self_and_cross_attention_weights():
 def test_cache_without_index_is_an_error():
     block = DecoderBlock(num_heads=2, d_ff=16)
     with pytest.raises(ValueError, match="cache_update_index"):
-        block(random(1, 1, 8), random(1, 2, 8), self_attention_cache=ops.zeros((1, 2, 3, 2, 4)))
+        block(random(1, 1, 8), random(1, 2, 8),
+              self_attention_cache=(ops.zeros((1, 3, 2, 4)), ops.zeros((1, 3, 2, 4))))
 
 
 def test_indivisible_d_model_names_the_values():

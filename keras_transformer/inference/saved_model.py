@@ -1,0 +1,137 @@
+"""SavedModel version folders and loading, in the layout TensorFlow Serving watches.
+
+An export base (e.g. `saved_models/NAME/`) holds one folder per version,
+`1/`, `2/`, ..., each a SavedModel with `assets.extra/keras_transformer.json`
+(the export's settings) beside its variables. TensorFlow Serving, and our
+built-in server (`keras_transformer.inference.serving`), load the highest
+version and ignore other names.
+
+A version is written by `write_version`: into a hidden folder beside its final
+place, renamed when complete, so a killed export never leaves a half-written
+version where a server would load it; the hidden folders of exports whose
+process is gone are removed at the next export.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+#: The export's settings, beside the variables, where TensorFlow Serving
+#: keeps extra assets.
+METADATA_PATH = os.path.join("assets.extra", "keras_transformer.json")
+_PARTIAL_PREFIX = ".partial-"
+
+
+def versions(export_base):
+    """The integer versions under `export_base`, ascending (hidden partial
+    exports and other names are ignored, as TensorFlow Serving ignores them)."""
+    if not os.path.isdir(export_base):
+        return []
+    return sorted(int(name) for name in os.listdir(export_base)
+                  if name.isdigit() and os.path.isdir(os.path.join(export_base, name)))
+
+
+def next_version(export_base, version=None):
+    """The version an export writes: `version` itself if it is free, or one
+    above the highest present (1 for a new export base) for None.
+
+    Raises:
+        ValueError: for a version that is not a positive integer.
+        FileExistsError: for a version that exists (one is never overwritten).
+    """
+    if version is None:
+        present = versions(export_base)
+        return present[-1] + 1 if present else 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"version={version!r} must be a positive integer (TF Serving layout).")
+    if os.path.exists(os.path.join(export_base, str(version))):
+        raise FileExistsError(
+            f"{os.path.join(export_base, str(version))} exists: a served version is never "
+            "overwritten. Pick another --version or leave it out for the next one."
+        )
+    return version
+
+
+@contextlib.contextmanager
+def write_version(export_base, version):
+    """Yields a temporary folder to write version `version` into; renames it
+    to `export_base/version` when the block ends without an error, and
+    deletes it otherwise."""
+    os.makedirs(export_base, exist_ok=True)
+    _remove_abandoned_partials(export_base)
+    final = os.path.join(export_base, str(version))
+    # A hidden, non-numeric name: TensorFlow Serving ignores it while it is written.
+    partial = tempfile.mkdtemp(prefix=f"{_PARTIAL_PREFIX}{version}-{os.getpid()}-",
+                               dir=export_base)
+    try:
+        yield partial
+        if os.path.exists(final):
+            raise FileExistsError(f"{final} appeared while exporting; nothing was overwritten.")
+        os.rename(partial, final)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def write_metadata(version_path, metadata):
+    """Writes the export's settings to `METADATA_PATH` in a version folder."""
+    os.makedirs(os.path.join(version_path, os.path.dirname(METADATA_PATH)), exist_ok=True)
+    with open(os.path.join(version_path, METADATA_PATH), "w") as f:
+        json.dump(metadata, f, indent=2)
+
+
+def read_metadata(version_path):
+    """The settings an export wrote beside its variables."""
+    path = os.path.join(version_path, METADATA_PATH)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{version_path!r} has no {METADATA_PATH}: it was not written by "
+            "keras-transformer export.")
+    with open(path) as f:
+        return json.load(f)
+
+
+def latest_version_path(path):
+    """`path` if it is a SavedModel; else the highest version under it."""
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"No SavedModel directory at {path!r}.")
+    found = versions(path)
+    if not found:
+        raise FileNotFoundError(
+            f"{path!r} holds no version directory (1/, 2/, ... with saved_model.pb): export "
+            "one with `keras-transformer export MODEL " + path + "`."
+        )
+    version_path = os.path.join(path, str(found[-1]))
+    if not os.path.exists(os.path.join(version_path, "saved_model.pb")):
+        raise FileNotFoundError(f"{version_path!r} has no saved_model.pb: export it again.")
+    return version_path
+
+
+def load_saved_model(path):
+    """Loads an exported translation SavedModel (the highest version of a
+    `saved_models/NAME` directory, or a version directory) with TensorFlow and
+    tensorflow_text only. Returns `(loaded, version_path)`."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  registers the tokenizer ops the graph uses
+
+    version_path = latest_version_path(path)
+    return tf.saved_model.load(version_path), version_path
+
+
+def _remove_abandoned_partials(export_base):
+    """Deletes the temporary folders of exports whose process is gone (killed
+    midway); those of running exports stay."""
+    for name in os.listdir(export_base):
+        parts = name.split("-")
+        if not name.startswith(_PARTIAL_PREFIX) or len(parts) < 4 or not parts[2].isdigit():
+            continue
+        try:
+            os.kill(int(parts[2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(export_base, name), ignore_errors=True)
+        except PermissionError:  # alive, owned by someone else
+            pass

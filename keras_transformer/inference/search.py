@@ -1,0 +1,315 @@
+"""§6.1 Machine Translation: the search itself, as `keras.ops` on tensors.
+
+Greedy search and beam search with the length penalty of Wu et al. (2016),
+
+    lp(Y) = ((5 + |Y|) / 6)^α,        score(Y) = log P(Y | X) / lp(Y),
+
+at most "input length + 50" output tokens, stopping early when no hypothesis
+can change any more. Each step runs the model's cached decoding step
+(`Transformer.decode` with the cache of `Transformer.initial_cache`).
+
+Everything here is traceable and runs on NumPy values and tensors alike, so
+the Python path (`keras_transformer.inference.decoding`, which compiles it per
+backend) and the exported SavedModel (`keras_transformer.inference.export`,
+which traces it into its graph) run the same code: `traced_search` for the
+search, `output_limits` for the "+ 50" rule and `source_width` for the padded
+width of a batch of sources.
+
+Every shape is fixed before the loop (the output buffer has room for the
+longest allowed hypothesis), so the loop is a `keras.ops.while_loop` that
+compiles with `jax.jit` and `tf.function(jit_compile=True)`. Sizes are read
+with `ops.shape`, so the loops also trace with an unknown batch size and
+source width (the SavedModel, where XLA fixes them per input shape).
+"""
+
+from keras import ops
+
+# "Maximum output length to input length + 50" (§6.1).
+LENGTH_OFFSET = 50
+# Source batches are padded to a multiple of this width, so that JAX and
+# TensorFlow compile one search per width bucket instead of one per length.
+WIDTH_MULTIPLE = 8
+
+_NEG_INF = float("-inf")
+
+
+def length_penalty(length, alpha):
+    """The length penalty lp(Y) = ((5 + |Y|) / 6)^α of §6.1 (Wu et al., 2016).
+
+    Beam search ranks finished hypotheses by log P(Y | X) / lp(Y); α = 0 gives
+    plain log-probabilities, larger α favours longer outputs.
+
+    Args:
+        length: |Y|, the number of output tokens (int, array or tensor).
+        alpha: α, the strength of the penalty.
+
+    Returns:
+        lp(Y) as float32 (a tensor for tensor input).
+
+    Example:
+
+    >>> round(float(length_penalty(7, 0.6)), 4)  # (12 / 6)^0.6
+    1.5157
+    """
+    length = ops.cast(length, "float32")
+    return ops.power((5.0 + length) / 6.0, alpha)
+
+
+def position_limit(config):
+    """Most decoder positions a model can embed: `config.max_length` with
+    learned position embeddings, None (no limit) with sinusoids (§3.5)."""
+    return config.max_length if config.position_encoding == "learned" else None
+
+
+def output_limits(source_ids, pad_id, max_output_length=None, positions=None):
+    """The output length limits of §6.1: "input length + 50".
+
+    Args:
+        source_ids: (batch, S) int encoder inputs (NumPy or a tensor, also a
+            traced one of unknown shape), padded with `pad_id`.
+        pad_id: The padding id.
+        max_output_length: Most output tokens (EOS included) for every
+            sentence, or None for each sentence's source length + 50.
+        positions: Most decoder positions the model embeds
+            (`position_limit(config)`), or None.
+
+    Returns:
+        `(buffer_length, limits)`: the room for the longest hypothesis (an int
+        when the shape is known, else a scalar tensor), and (batch,) int32 the
+        limit of each sentence, at most `buffer_length`.
+    """
+    if max_output_length is None:
+        buffer_length = ops.shape(source_ids)[1] + LENGTH_OFFSET
+    else:
+        buffer_length = max_output_length
+    if positions is not None:
+        buffer_length = _minimum(buffer_length, positions)
+    lengths = ops.sum(ops.cast(ops.not_equal(source_ids, pad_id), "int32"), axis=1)
+    if max_output_length is None:
+        limits = lengths + LENGTH_OFFSET
+    else:
+        limits = ops.zeros_like(lengths) + max_output_length
+    return buffer_length, ops.minimum(limits, buffer_length)
+
+
+def source_width(longest, max_source_length):
+    """The width a batch of encoder inputs is padded to.
+
+    The longest input (ids + EOS) rounded up to a multiple of 8, so that a
+    compiled search serves a bucket of widths, but never past the
+    `max_source_length` the model accepts (nor below `longest`).
+
+    Args:
+        longest: The longest input of the batch (int or scalar tensor).
+        max_source_length: `config.max_length`.
+
+    Returns:
+        The width (an int for int arguments, else a scalar tensor).
+    """
+    width = -(-longest // WIDTH_MULTIPLE) * WIDTH_MULTIPLE
+    return _maximum(longest, _minimum(width, max_source_length))
+
+
+def _minimum(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else ops.minimum(a, b)
+
+
+def _maximum(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else ops.maximum(a, b)
+
+
+def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
+                  max_output_length=None):
+    """The search as `keras.ops` on tensors: what is compiled and exported.
+
+    `greedy_search` and `beam_search` compile this function per backend; the
+    SavedModel traces it into its graph. Arguments are not checked here.
+
+    Args:
+        model: A `keras_transformer.Transformer`.
+        source_ids: (batch, S) int32 encoder inputs, padded with the model's
+            `pad_id`; the shape may be unknown while tracing.
+        special_ids: (2,) int32 tensor, [bos_id, eos_id].
+        alpha: Scalar float32, α of the length penalty (unused by greedy search).
+        beam_size: Hypotheses kept per sentence, or None for greedy search.
+        max_output_length: As in `beam_search`.
+
+    Returns:
+        `(token_ids, scores)`: (batch, buffer_length) int32 ids after BOS,
+        padded with `pad_id`, and (batch,) float32 scores.
+    """
+    config = model.config
+    buffer_length, limits = output_limits(
+        source_ids, config.pad_id, max_output_length, position_limit(config))
+    if beam_size is None:
+        return _greedy_loop(model, source_ids, limits, special_ids, buffer_length)
+    return _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length)
+
+
+# The search loops: backend-agnostic, keras.ops only, fixed shapes.
+
+
+def _masked_log_probs(logits, pad_id, bos_id):
+    """log_softmax over the vocabulary; padding and BOS are made impossible.
+
+    Neither is a valid output token: padding would read as the end of the
+    hypothesis, and BOS only ever starts the decoder input.
+    """
+    log_probs = ops.log_softmax(logits, axis=-1)
+    vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")
+    never = ops.logical_or(ops.equal(vocab, pad_id), ops.equal(vocab, bos_id))
+    return ops.where(never[None, :], _NEG_INF, log_probs)
+
+
+def _decode_step(model, token_ids, index, cache, source_mask):
+    """(batch, vocab) logits of the next token, and the updated cache."""
+    logits, cache = model.decode(
+        token_ids, None, source_mask, cache=cache, cache_update_index=index, training=False)
+    return logits[:, 0, :], cache
+
+
+def _greedy_loop(model, source_ids, limits, special_ids, buffer_length):
+    pad_id = model.config.pad_id
+    batch_size = ops.shape(source_ids)[0]
+    encoded, source_mask = model.encode(source_ids, training=False)
+    cache = model.initial_cache(encoded, buffer_length)
+    bos_id, eos_id = special_ids[0], special_ids[1]
+    sequences = ops.concatenate(
+        [ops.ones((batch_size, 1), "int32") * bos_id,
+         ops.zeros((batch_size, buffer_length), "int32")],
+        axis=1,
+    )
+    scores = ops.zeros((batch_size,), "float32")
+    finished = ops.zeros((batch_size,), "bool")
+
+    def cond(index, sequences, scores, finished, self_cache):
+        return ops.logical_and(
+            ops.less(index, buffer_length), ops.logical_not(ops.all(finished))
+        )
+
+    def body(index, sequences, scores, finished, self_cache):
+        inputs = ops.slice(sequences, (0, index), (batch_size, 1))
+        logits, step_cache = _decode_step(
+            model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask)
+        log_probs = _masked_log_probs(logits, pad_id, bos_id)
+        tokens = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+        token_log_probs = ops.max(log_probs, axis=-1)
+        tokens = ops.where(finished, pad_id, tokens)
+        scores = scores + ops.where(finished, 0.0, token_log_probs)
+        sequences = ops.slice_update(sequences, (0, index + 1), tokens[:, None])
+        finished = ops.logical_or(
+            finished,
+            ops.logical_or(ops.equal(tokens, eos_id),
+                           ops.greater_equal(index + 1, limits)),
+        )
+        return index + 1, sequences, scores, finished, step_cache["self"]
+
+    # Only the self-attention caches change; the cross-attention ones are
+    # constants of the loop.
+    state = (ops.convert_to_tensor(0, "int32"), sequences, scores, finished, cache["self"])
+    _, sequences, scores, _, _ = ops.while_loop(cond, body, state)
+    return sequences[:, 1:], scores
+
+
+def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length):
+    pad_id = model.config.pad_id
+    bos_id, eos_id = special_ids[0], special_ids[1]
+    batch_size = ops.shape(source_ids)[0]
+    width = buffer_length + 1  # BOS + the longest hypothesis
+    flat_size = batch_size * beam_size
+
+    encoded, source_mask = model.encode(source_ids, training=False)
+    # Rows of the flat (batch * beam) tensors are sentence-major: b * beam + k.
+    # Every beam of a sentence reads the same source, so its cross-attention
+    # cache never needs reordering.
+    cache = model.initial_cache(ops.repeat(encoded, beam_size, axis=0), buffer_length)
+    source_mask = ops.repeat(source_mask, beam_size, axis=0)
+
+    alive_sequences = ops.concatenate(
+        [ops.ones((batch_size, beam_size, 1), "int32") * bos_id,
+         ops.zeros((batch_size, beam_size, buffer_length), "int32")],
+        axis=2,
+    )
+    # All beams start identical; only the first may expand at step 0.
+    first_beam = ops.equal(ops.arange(beam_size), 0)
+    alive_log_probs = ops.broadcast_to(
+        ops.where(first_beam, 0.0, _NEG_INF)[None, :], (batch_size, beam_size)
+    )
+    finished_sequences = ops.zeros((batch_size, width), "int32")
+    finished_scores = ops.full((batch_size,), _NEG_INF, "float32")
+    batch_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
+    max_penalty = length_penalty(limits, alpha)
+
+    def gather_beams(tensor, beam_indices):
+        """tensor[b, beam_indices[b, j]] for (batch, beam, ...) tensors."""
+        flat = ops.reshape(tensor, (flat_size, *ops.shape(tensor)[2:]))
+        return ops.take(flat, beam_indices + batch_offsets, axis=0)
+
+    def cond(index, alive_sequences, alive_log_probs, finished_sequences,
+             finished_scores, self_cache):
+        # The best score an alive hypothesis could still reach.
+        best_possible = alive_log_probs[:, 0] / max_penalty
+        undecided = ops.any(ops.less(finished_scores, best_possible))
+        return ops.logical_and(ops.less(index, buffer_length), undecided)
+
+    def body(index, alive_sequences, alive_log_probs, finished_sequences,
+             finished_scores, self_cache):
+        inputs = ops.reshape(
+            ops.slice(alive_sequences, (0, 0, index), (batch_size, beam_size, 1)),
+            (flat_size, 1),
+        )
+        logits, step_cache = _decode_step(
+            model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask)
+        log_probs = _masked_log_probs(logits, pad_id, bos_id)
+        vocab_size = log_probs.shape[-1]
+        candidates = alive_log_probs[:, :, None] + ops.reshape(
+            log_probs, (batch_size, beam_size, vocab_size)
+        )
+        top_log_probs, top_indices = ops.top_k(
+            ops.reshape(candidates, (batch_size, beam_size * vocab_size)), 2 * beam_size
+        )
+        top_indices = ops.cast(top_indices, "int32")
+        top_beams = ops.floor_divide(top_indices, vocab_size)
+        top_tokens = ops.mod(top_indices, vocab_size)
+        top_sequences = ops.slice_update(
+            gather_beams(alive_sequences, top_beams), (0, 0, index + 1), top_tokens[:, :, None]
+        )
+        ends = ops.logical_or(
+            ops.equal(top_tokens, eos_id),
+            ops.greater_equal(index + 1, limits)[:, None],
+        )
+
+        # The best candidate that ends within the beam replaces the finished
+        # hypothesis if it scores higher.
+        in_beam = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
+        ended_scores = ops.where(
+            ops.logical_and(ends, in_beam),
+            top_log_probs / length_penalty(index + 1, alpha),
+            _NEG_INF,
+        )
+        best = ops.cast(ops.argmax(ended_scores, axis=1), "int32")
+        best_scores = ops.max(ended_scores, axis=1)
+        improves = ops.greater(best_scores, finished_scores)
+        best_sequences = ops.take_along_axis(top_sequences, best[:, None, None], axis=1)[:, 0]
+        finished_sequences = ops.where(improves[:, None], best_sequences, finished_sequences)
+        finished_scores = ops.where(improves, best_scores, finished_scores)
+
+        # The best beam_size candidates that do not end stay alive.
+        alive_log_probs, keep = ops.top_k(
+            ops.where(ends, _NEG_INF, top_log_probs), beam_size
+        )
+        keep = ops.cast(keep, "int32")
+        alive_sequences = ops.take_along_axis(top_sequences, keep[:, :, None], axis=1)
+        parents = ops.reshape(ops.take_along_axis(top_beams, keep, axis=1) + batch_offsets,
+                              (flat_size,))
+        step_cache = model.reorder_cache(step_cache, parents)
+        return (index + 1, alive_sequences, alive_log_probs, finished_sequences,
+                finished_scores, step_cache["self"])
+
+    state = (ops.convert_to_tensor(0, "int32"), alive_sequences, alive_log_probs,
+             finished_sequences, finished_scores, cache["self"])
+    state = ops.while_loop(cond, body, state)
+    finished_sequences, finished_scores = state[3], state[4]
+    return finished_sequences[:, 1:], finished_scores
+
+

@@ -1,0 +1,187 @@
+"""SavedModel export (§6.1 decoding in the graph): the exported signatures give
+the Python path's translations, in a process that has only TensorFlow and
+tensorflow_text; versions are written atomically."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import cli
+from keras_transformer.inference import beam_search
+from keras_transformer.inference.export import export_saved_model
+from keras_transformer.inference.saved_model import (
+    _remove_abandoned_partials,
+    latest_version_path,
+    load_saved_model,
+    read_metadata,
+)
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+
+# What a serving process needs: TensorFlow and tensorflow_text, nothing of ours.
+FRESH_PROCESS = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the tokenizer ops
+loaded = tf.saved_model.load(sys.argv[1])
+texts = loaded.signatures["serving_default"](inputs=tf.constant(json.loads(sys.argv[2])))
+ids = loaded.signatures["translate_ids"](source_ids=tf.constant(json.loads(sys.argv[3]), tf.int32))
+print(json.dumps({
+    "translations": [t.decode("utf-8") for t in texts["translations"].numpy()],
+    "ids": ids["ids"].numpy().tolist(),
+    "scores": ids["scores"].numpy().tolist(),
+    "imported_keras_transformer": any(m.startswith("keras_transformer") for m in sys.modules),
+}))
+"""
+
+# The server, saved_model_cli and a killed export do not depend on the backend
+# a model was trained under: they run once, in the TensorFlow-backend pass.
+tensorflow_pass = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="backend-independent: runs in the tensorflow pass of the suite")
+
+
+def test_versions_follow_the_tf_serving_layout(exported_greedy):
+    exported = exported_greedy
+    assert exported["beam"] == os.path.join(exported["base"], "1")
+    assert exported["greedy"] == os.path.join(exported["base"], "2")
+    assert sorted(os.listdir(exported["base"])) == ["1", "2"], "no temporary directory left"
+    assert latest_version_path(exported["base"]) == exported["greedy"]
+    for version, settings in (("1", (4, 0.6)), ("2", (1, 0.0))):
+        metadata = read_metadata(os.path.join(exported["base"], version))
+        assert (metadata["beam_size"], metadata["alpha"]) == settings
+
+
+def test_fresh_tensorflow_process_translates_like_the_translator(exported,
+                                                                 reference_translator):
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, exported["beam"], json.dumps(exported["sentences"]),
+         json.dumps(exported["source_ids"])],
+        capture_output=True, text=True, env=QUIET, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not served["imported_keras_transformer"]
+
+    expected = reference_translator
+    assert served["translations"] == expected.translate(exported["sentences"])
+    assert served["translations"][3] == ""
+    tokenizer = expected.target_tokenizer
+    ids, scores = beam_search(expected.model, np.array(exported["source_ids"]),
+                              bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    served_ids = np.array(served["ids"])
+    assert served_ids.shape == ids.shape
+    np.testing.assert_array_equal(served_ids, ids)
+    np.testing.assert_allclose(served["scores"], scores, rtol=1e-4, atol=1e-4)
+
+
+@tensorflow_pass
+def test_exported_greedy_version_matches_greedy_translation(exported_greedy,
+                                                             reference_translator):
+    exported = exported_greedy
+    loaded, _ = load_saved_model(exported["greedy"])
+    import tensorflow as tf
+
+    served = loaded.signatures["serving_default"](inputs=tf.constant(exported["sentences"]))
+    served = [t.decode("utf-8") for t in served["translations"].numpy()]
+    assert served == reference_translator.translate(exported["sentences"], beam_size=1, alpha=0)
+
+
+def test_exported_model_handles_an_empty_batch(exported):
+    loaded, _ = load_saved_model(exported["beam"])
+    import tensorflow as tf
+
+    out = loaded.signatures["serving_default"](inputs=tf.constant([], tf.string))
+    assert out["translations"].shape == (0,)
+    out = loaded.signatures["translate_ids"](source_ids=tf.zeros([0, 4], tf.int32))
+    assert out["ids"].shape[0] == 0 and out["scores"].shape == (0,)
+
+
+def _saved_model_cli(*arguments):
+    # `run` executes the graph, which needs the tf-text ops registered first.
+    command = [sys.executable, "-c",
+               "import sys, tensorflow_text\n"
+               "from tensorflow.python.tools import saved_model_cli\n"
+               "sys.argv[0] = 'saved_model_cli'\n"
+               "saved_model_cli.main()", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, env=QUIET, timeout=300)
+
+
+@tensorflow_pass
+def test_saved_model_cli_shows_and_runs_the_signatures(exported, reference_translator):
+    executable = shutil.which("saved_model_cli")
+    assert executable, "saved_model_cli comes with tensorflow"
+    shown = subprocess.run([executable, "show", "--dir", exported["beam"], "--all"],
+                           capture_output=True, text=True, env=QUIET, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for text in ("signature_def['serving_default']", "signature_def['translate_ids']",
+                 "inputs['inputs']", "outputs['translations']", "outputs['scores']"):
+        assert text in shown.stdout
+
+    # saved_model_cli run loads the SavedModel into a TF1 session, as
+    # TensorFlow Serving does.
+    sentence = exported["corpus"].sources[0]
+    ran = _saved_model_cli("run", "--dir", exported["beam"], "--tag_set", "serve",
+                           "--signature_def", "serving_default",
+                           "--input_exprs", f"inputs={[sentence]!r}")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    expected = reference_translator.translate([sentence])[0]
+    assert "Result for output key translations" in ran.stdout
+    assert repr(expected.encode("utf-8")) in ran.stdout
+
+
+@tensorflow_pass
+def test_killed_export_leaves_no_version_directory(exported, tmp_path):
+    base = tmp_path / "saved_models" / "killed"
+    command = [sys.executable, "-m", "keras_transformer.cli", "export", exported["run_dir"],
+               str(base), "--version", "7", "--quiet"]
+    process = subprocess.Popen(command, cwd=REPOSITORY, env=dict(QUIET, KERAS_BACKEND="tensorflow"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if base.exists() and any(name.startswith(".partial-") for name in os.listdir(base)):
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the export ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (base / "7").exists()
+    with pytest.raises(FileNotFoundError, match="no version directory"):
+        latest_version_path(str(base))
+    # The next export removes what the killed one left.
+    _remove_abandoned_partials(str(base))
+    assert os.listdir(base) == []
+
+
+@tensorflow_pass
+def test_export_refuses_to_overwrite_a_version(exported):
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        export_saved_model(exported["run_dir"], exported["base"], version=1)
+
+
+@tensorflow_pass
+@pytest.mark.parametrize("arguments, error, message", [
+    (dict(version=0), ValueError, "positive integer"),
+    (dict(beam_size=0), ValueError, "beam_size"),
+    (dict(alpha=-1.0), ValueError, "alpha"),
+])
+def test_export_rejects_bad_options(exported, tmp_path, arguments, error, message):
+    with pytest.raises(error, match=message):
+        export_saved_model(exported["run_dir"], str(tmp_path / "out"), **arguments)
+
+
+@tensorflow_pass
+def test_export_command_reports_mistakes_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["export", str(tmp_path / "missing"), str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: No model at {str(tmp_path / 'missing')!r}."

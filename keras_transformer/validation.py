@@ -50,6 +50,19 @@ def check_non_negative_int(name, value, hint=""):
     return int(value)
 
 
+def check_positive_range(low_name, low, high_name, high):
+    """Returns `(low, high)` as ints if both are positive integers and low <=
+    high (e.g. the shortest and longest sentence), else raises ValueError."""
+    low = check_positive_int(low_name, low)
+    high = check_positive_int(high_name, high)
+    if low > high:
+        raise ValueError(
+            f"{low_name}={low} is above {high_name}={high}: the lower bound cannot exceed "
+            "the upper one."
+        )
+    return low, high
+
+
 def check_rate(name, value, hint=""):
     """Returns `value` as a float if it is a number in [0, 1) (a dropout rate, a
     label-smoothing ε, a fraction), else raises ValueError."""

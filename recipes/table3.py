@@ -56,7 +56,10 @@ def build_parser():
     parser.add_argument("--eval-limit", type=int,
                         help="score BLEU on only the first N validation sentences")
     parser.add_argument("--vocab-size", type=int, default=8000, help="shared SentencePiece vocabulary")
-    parser.add_argument("--max-length", type=int, default=64, help="longest sentence in tokens")
+    parser.add_argument("--max-sentence-length", type=int, default=64,
+                        help="longest training sentence in subword tokens (longer pairs are "
+                             "dropped); also the models' max_length, which sizes the learned "
+                             "position table of row (E)")
     parser.add_argument("--tokens-per-batch", type=int, default=2048,
                         help="token budget per batch and side")
     parser.add_argument("--warmup-steps", type=int, default=400,
@@ -86,8 +89,9 @@ def main(argv=None):
     if unknown or not names:
         parser.error(f"unknown variant(s) {unknown}: choose from "
                      f"{', '.join(TABLE3_VARIANT_NAMES)}")
-    for name in ("max_steps", "vocab_size", "max_length", "tokens_per_batch", "warmup_steps",
-                 "checkpoint_every", "num_layers", "d_model", "num_heads", "d_ff", "beam_size"):
+    for name in ("max_steps", "vocab_size", "max_sentence_length", "tokens_per_batch",
+                 "warmup_steps", "checkpoint_every", "num_layers", "d_model", "num_heads", "d_ff",
+                 "beam_size"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if not args.minutes > 0:
@@ -106,7 +110,7 @@ def main(argv=None):
     tokenizer, _ = common.load_or_train_tokenizers(tokenizer_args, splits["train"])
     base = kt.TransformerConfig.small(
         vocab_size=tokenizer.vocab_size, num_layers=args.num_layers, d_model=args.d_model,
-        num_heads=args.num_heads, d_ff=args.d_ff, max_length=args.max_length,
+        num_heads=args.num_heads, d_ff=args.d_ff, max_length=args.max_sentence_length,
         warmup_steps=args.warmup_steps,
     )
     variants = table3_variants(base, names)
@@ -140,7 +144,7 @@ def _train_and_measure(args, name, group, config, tokenizer, splits):
 
     keras.utils.set_random_seed(args.seed)
     dataset_args = dict(source_tokenizer=tokenizer, target_tokenizer=tokenizer,
-                        max_sentence_length=args.max_length,
+                        max_sentence_length=args.max_sentence_length,
                         tokens_per_batch=args.tokens_per_batch)
     train, _ = make_dataset(splits["train"].sources, splits["train"].targets, repeat=True,
                             seed=args.seed, verbose=False, **dataset_args)

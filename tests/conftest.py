@@ -1,11 +1,29 @@
-"""Shared fixtures. Every test runs under the backend in KERAS_BACKEND."""
+"""Shared fixtures and settings. Every test runs under the backend in KERAS_BACKEND.
+
+Hypothesis runs with its default profile (random examples, an example
+database under .hypothesis/) on a workstation. In CI (the CI environment
+variable set, as CI does with CI=true; see `helpers.in_ci`) it runs the "ci"
+profile: derandomized, so every run tries the same examples, with no
+database, no deadline (an example's first call compiles and is slow), and the
+reproduction blob of a failure printed.
+"""
 
 import os
 
-import keras
-import pytest
-
+# Before anything imports TensorFlow (keras does), or its C++ logging is on.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+from helpers import in_ci  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Replaces the "ci" profile that recent Hypothesis versions register and load
+# whenever CI is in the environment, even as CI=false, so the choice follows
+# in_ci() and the settings are ours on every version.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if in_ci() else "default")
 
 
 @pytest.fixture(autouse=True)
@@ -20,4 +38,5 @@ def _fresh_keras_state():
 
 
 def pytest_report_header(config):
-    return f"keras {keras.__version__}, backend {keras.backend.backend()}"
+    header = f"keras {keras.__version__}, backend {keras.backend.backend()}"
+    return header + (", hypothesis profile ci" if in_ci() else "")

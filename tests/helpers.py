@@ -1,20 +1,42 @@
-"""One test helper for every layer: `run_layer_test`.
+"""The test suite's one home of helpers.
 
-It checks what every layer of the package must do (after the keras and
-keras-hub test helpers): build and call eagerly, call on symbolic inputs,
-serialize → rebuild → give the same output, train for one `fit` step, and run
-under the mixed_float16 and mixed_bfloat16 policies with float32 variables.
+* `run_layer_test`: what every layer of the package must do (after the keras
+  and keras-hub test helpers): build and call eagerly, call on symbolic
+  inputs, serialize → rebuild → give the same output, train for one `fit`
+  step, and compute in the compute dtype of the mixed_float16 and
+  mixed_bfloat16 policies while keeping float32 variables.
+* `tiny_model`: a `TransformerConfig.tiny` Transformer.
+* `CharTokenizer`: one id per character, with the special ids of the
+  project's `SubwordTokenizer` (pad 0, unk 1, bos 2, eos 3).
+* `in_ci` and `shared_data`: whether this is a CI run, and where the shared
+  corpora live.
 """
+
+import os
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
+import keras_transformer as kt
+from keras_transformer.training.tokenizers import SubwordTokenizer
+
 PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
+SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                           "data")
 
 
 def to_numpy(x):
     return ops.convert_to_numpy(ops.cast(x, "float32"))
+
+
+def _first(outputs):
+    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+
+def _dtype(tensor):
+    return keras.backend.standardize_dtype(tensor.dtype)
 
 
 def run_layer_test(
@@ -23,6 +45,7 @@ def run_layer_test(
     inputs,
     expected_output_shape,
     call_kwargs=None,
+    expected_output_dtype=None,
     run_training=True,
     run_mixed_precision=True,
 ):
@@ -36,8 +59,19 @@ def run_layer_test(
             symbolic and training checks, as do int arrays.
         expected_output_shape: Shape of the (first) output.
         call_kwargs: Non-tensor call arguments (e.g. `use_causal_mask=True`).
+        expected_output_dtype: The dtype of the (first) output under every
+            policy, for a layer documented to return it whatever the policy
+            (e.g. "float32" logits). None means the policy's compute dtype:
+            float32, float16 or bfloat16.
         run_training: Whether to run one `fit` step and check the weights move.
-        run_mixed_precision: Whether to check the mixed-precision policies.
+        run_mixed_precision: Whether to check the mixed-precision policies: the
+            output has the expected dtype (the compute dtype unless
+            `expected_output_dtype` says otherwise) eagerly and symbolically,
+            every sublayer computes in that policy, and every variable stays
+            float32.
+
+    Returns:
+        `(layer, outputs)`: the float32 layer and its eager outputs.
     """
     call_kwargs = call_kwargs or {}
     names = list(inputs)
@@ -46,11 +80,18 @@ def run_layer_test(
         return layer(tensors[names[0]], **{n: tensors[n] for n in names[1:]},
                      **call_kwargs, **extra)
 
+    def symbolic_inputs():
+        return {
+            name: keras.Input(shape=array.shape[1:], dtype=str(array.dtype), name=name)
+            for name, array in inputs.items()
+        }
+
     # Eager call.
     layer = layer_cls(**init_kwargs)
     outputs = call(layer, inputs)
-    first = outputs[0] if isinstance(outputs, tuple) else outputs
+    first = _first(outputs)
     assert tuple(first.shape) == tuple(expected_output_shape)
+    assert _dtype(first) == (expected_output_dtype or "float32")
     assert np.all(np.isfinite(to_numpy(first)))
 
     # Config round trip, and a rebuilt layer with the same weights gives the same output.
@@ -59,31 +100,17 @@ def run_layer_test(
     revived = keras.layers.deserialize(keras.layers.serialize(layer))
     call(revived, inputs)
     revived.set_weights(layer.get_weights())
-    revived_outputs = call(revived, inputs)
-    revived_first = revived_outputs[0] if isinstance(revived_outputs, tuple) else revived_outputs
+    revived_first = _first(call(revived, inputs))
     np.testing.assert_allclose(to_numpy(revived_first), to_numpy(first), atol=1e-6)
 
     # Symbolic call: the output shape is inferred from keras.Input.
-    symbolic = {
-        name: keras.Input(shape=array.shape[1:], dtype=str(array.dtype), name=name)
-        for name, array in inputs.items()
-    }
-    symbolic_outputs = call(layer_cls(**init_kwargs), symbolic)
-    symbolic_first = (
-        symbolic_outputs[0] if isinstance(symbolic_outputs, tuple) else symbolic_outputs
-    )
+    symbolic_first = _first(call(layer_cls(**init_kwargs), symbolic_inputs()))
     assert tuple(symbolic_first.shape[1:]) == tuple(expected_output_shape[1:])
 
     if run_training:
         trainable = layer_cls(**init_kwargs)
-        model_inputs = {
-            name: keras.Input(shape=array.shape[1:], dtype=str(array.dtype), name=name)
-            for name, array in inputs.items()
-        }
-        model_outputs = call(trainable, model_inputs)
-        if isinstance(model_outputs, tuple):
-            model_outputs = model_outputs[0]
-        model = keras.Model(model_inputs, model_outputs)
+        model_inputs = symbolic_inputs()
+        model = keras.Model(model_inputs, _first(call(trainable, model_inputs)))
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
         before = [to_numpy(w).copy() for w in trainable.trainable_weights]
         target = np.random.default_rng(0).normal(size=expected_output_shape)
@@ -97,27 +124,119 @@ def run_layer_test(
     if run_mixed_precision:
         for policy in PRECISION_POLICIES:
             mixed = layer_cls(**init_kwargs, dtype=policy)
-            mixed_outputs = call(mixed, inputs)
-            mixed_first = mixed_outputs[0] if isinstance(mixed_outputs, tuple) else mixed_outputs
-            assert keras.backend.standardize_dtype(mixed_first.dtype) in (
-                mixed.compute_dtype, "float32"
+            expected = expected_output_dtype or mixed.compute_dtype
+            mixed_first = _first(call(mixed, inputs))
+            assert _dtype(mixed_first) == expected, (
+                f"under {policy}, {layer_cls.__name__} returned {_dtype(mixed_first)}, "
+                f"expected {expected}"
             )
             assert np.all(np.isfinite(to_numpy(mixed_first)))
+            for sublayer in mixed._flatten_layers(include_self=False):
+                assert sublayer.dtype_policy.name == policy, (
+                    f"{layer_cls.__name__}'s sublayer {sublayer.name} runs under "
+                    f"{sublayer.dtype_policy.name}, not {policy}: create it with "
+                    "dtype=self.dtype_policy"
+                )
             for weight in mixed.weights:
-                assert keras.backend.standardize_dtype(weight.dtype) == "float32"
+                assert _dtype(weight) == "float32", (
+                    f"under {policy}, variable {weight.path} is {_dtype(weight)}"
+                )
+            symbolic_mixed = _first(call(layer_cls(**init_kwargs, dtype=policy),
+                                         symbolic_inputs()))
+            assert _dtype(symbolic_mixed) == expected, (
+                f"under {policy}, {layer_cls.__name__}'s symbolic output is "
+                f"{_dtype(symbolic_mixed)}, expected {expected}"
+            )
     return layer, outputs
 
 
-class CharTokenizer:
-    """A character tokenizer over "abcdefgh " with the tokenizer protocol of
-    keras_transformer.inference (pad 0, begin 1, end 2), for decoding tests."""
+def tiny_model(vocab_size=20, seed=None, **overrides):
+    """A `Transformer` of `TransformerConfig.tiny(vocab_size, **overrides)`.
 
-    pad_id, bos_id, eos_id = 0, 1, 2
-    alphabet = "abcdefgh "
-    vocab_size = 3 + len(alphabet)
+    Args:
+        vocab_size: Vocabulary size (source and target unless overridden).
+        seed: When given, `keras.utils.set_random_seed(seed)` runs first, so
+            the weights are the same whatever ran before (module-scoped
+            fixtures need it: the per-test seed of conftest.py has not been
+            set for them).
+        **overrides: Other `TransformerConfig` fields.
+    """
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    return kt.Transformer(kt.TransformerConfig.tiny(vocab_size=vocab_size, **overrides))
+
+
+class CharTokenizer:
+    """One id per character, after the special ids, with the tokenizer protocol
+    of keras_transformer (`pad_id`, `unk_id`, `bos_id`, `eos_id`, `vocab_size`,
+    `tokenize`, `detokenize`).
+
+    The special ids default to `SubwordTokenizer`'s (pad 0, unk 1, bos 2,
+    eos 3); the characters take the ids after the largest special id.
+    Characters outside the alphabet become `unk_id`. Tests read the ids from
+    the tokenizer, never as literals.
+
+    Args:
+        alphabet: The characters, in id order.
+        pad_id, unk_id, bos_id, eos_id: Other special ids, for tests of
+            tokenizers that differ from the model's.
+
+    Example:
+
+    >>> tokenizer = CharTokenizer()
+    >>> tokenizer.tokenize(["bad"])
+    [[5, 4, 7]]
+    >>> tokenizer.detokenize([[tokenizer.bos_id, 5, 4, 7, tokenizer.eos_id]])
+    ['bad']
+    """
+
+    ALPHABET = "abcdefgh "
+    pad_id = SubwordTokenizer.pad_id
+    unk_id = SubwordTokenizer.unk_id
+    bos_id = SubwordTokenizer.bos_id
+    eos_id = SubwordTokenizer.eos_id
+    # The default alphabet's size, so that `CharTokenizer.vocab_size` works on
+    # the class; an instance sets its own.
+    vocab_size = 1 + max(pad_id, unk_id, bos_id, eos_id) + len(ALPHABET)
+
+    def __init__(self, alphabet=ALPHABET, pad_id=None, unk_id=None, bos_id=None, eos_id=None):
+        for name, value in (("pad_id", pad_id), ("unk_id", unk_id), ("bos_id", bos_id),
+                            ("eos_id", eos_id)):
+            if value is not None:
+                setattr(self, name, value)
+        special = (self.pad_id, self.unk_id, self.bos_id, self.eos_id)
+        if len(set(special)) != len(special):
+            raise ValueError(f"special ids {special} must differ")
+        if len(set(alphabet)) != len(alphabet):
+            raise ValueError(f"alphabet {alphabet!r} repeats a character")
+        self.special_ids = frozenset(special)
+        self.first_char_id = max(special) + 1
+        self.alphabet = alphabet
+        self.vocab_size = self.first_char_id + len(alphabet)
+        self._ids = {c: self.first_char_id + i for i, c in enumerate(alphabet)}
 
     def tokenize(self, texts):
-        return [[3 + self.alphabet.index(c) for c in text] for text in texts]
+        """Lists of ids, without BOS or EOS."""
+        return [[self._ids.get(c, self.unk_id) for c in text] for text in texts]
 
     def detokenize(self, id_lists):
-        return ["".join(self.alphabet[i - 3] for i in ids if i >= 3) for ids in id_lists]
+        """Texts, leaving out the special ids."""
+        return ["".join(self.alphabet[int(i) - self.first_char_id] for i in ids
+                        if int(i) not in self.special_ids) for ids in id_lists]
+
+
+def in_ci():
+    """Whether the tests run in CI (the CI environment variable is set, and not
+    to "0" or "false")."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def shared_data(*parts):
+    """A path under ../shared/data; the test is skipped when it is absent,
+    except in CI, where the real data must be tested."""
+    path = os.path.normpath(os.path.join(SHARED_DATA, *parts))
+    if not os.path.exists(path):
+        if in_ci():
+            pytest.fail(f"{path} is missing, and CI must test on the real data")
+        pytest.skip(f"{path} is not here")
+    return path

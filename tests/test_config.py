@@ -180,3 +180,25 @@ def test_table3_variants_name_the_variant_that_does_not_fit():
         table3_variants(base)
     with pytest.raises(ValueError, match=r"Unknown Table 3 variant\(s\) \['heads3'\]"):
         table3_variants(base, ["base", "heads3"])
+
+
+# Invalid configurations: the error names the field, the value and the rule.
+@pytest.mark.parametrize("overrides, message", [
+    (dict(vocab_size=0), "vocab_size=0 must be a positive integer"),
+    (dict(vocab_size=40, d_model=30, num_heads=4), "not divisible by num_heads"),
+    (dict(vocab_size=40, dropout_rate=1.5), "dropout_rate=1.5 must be a number in [0, 1)"),
+    (dict(vocab_size=40, label_smoothing=1.0), "label_smoothing=1.0"),
+    (dict(vocab_size=40, position_encoding="rope"), "must be one of ('sinusoidal', 'learned')"),
+    (dict(vocab_size=40, norm_position="middle"), "must be one of ('post', 'pre')"),
+    (dict(vocab_size=40, num_layers=-2), "num_layers=-2"),
+    (dict(vocab_size=40, max_length=0), "max_length=0"),
+])
+def test_invalid_configs_say_which_field_is_wrong(overrides, message):
+    with pytest.raises(ValueError) as error:
+        TransformerConfig.tiny(**overrides)
+    assert message in str(error.value)
+
+
+def test_unknown_config_fields_are_listed_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"Unknown TransformerConfig fields \['heads'\]"):
+        TransformerConfig.from_dict({"vocab_size": 10, "heads": 3})

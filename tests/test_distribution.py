@@ -12,8 +12,10 @@ import sys
 
 import keras
 import pytest
+from helpers import CharTokenizer
 
 from keras_transformer import distribution
+from keras_transformer.training.pipeline import bucket_plan, make_dataset
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = keras.backend.backend()
@@ -33,9 +35,9 @@ rng = np.random.default_rng(0)
 source = rng.integers(4, 48, size=(8, 12)).astype("int32")
 target = rng.integers(4, 48, size=(8, 10)).astype("int32")
 for row in range(8):  # different lengths, so replicas hold different token counts
-    source[row, 12 - row:] = 0
-    target[row, 10 - row:] = 0
-labels = np.concatenate([target[:, 1:], np.zeros((8, 1), "int32")], axis=1)
+    source[row, 12 - row:] = config.pad_id
+    target[row, 10 - row:] = config.pad_id
+labels = np.concatenate([target[:, 1:], np.full((8, 1), config.pad_id, "int32")], axis=1)
 inputs = {"source": source, "target": target}
 keras.utils.set_random_seed(0)
 initial = kt.Transformer(config).get_weights()
@@ -64,7 +66,8 @@ if keras.backend.backend() == "jax":
         shards[variable.path.split("/", 1)[1]] = [list(variable.shape),
                                  list(value.addressable_shards[0].data.shape),
                                  len(value.sharding.device_set)]
-print(json.dumps({"description": distributed.description, "single": single,
+print(json.dumps({"kind": distributed.kind, "description": distributed.description,
+                  "batch_multiple": distributed.batch_multiple, "single": single,
                   "parallel": parallel, "shards": shards}))
 """
 
@@ -89,13 +92,19 @@ def assert_same_training(outcome):
 @pytest.mark.skipif(BACKEND == "torch", reason="data parallelism runs on jax and tensorflow")
 def test_data_parallel_training_matches_one_device():
     outcome = run_parallel("data")
-    assert "4" in outcome["description"]
+    assert outcome["kind"] == "data"
+    if BACKEND == "jax":
+        assert outcome["description"] == "keras.distribution.DataParallel over 4 devices"
+        assert outcome["batch_multiple"] == 4
+    else:
+        assert outcome["description"] == "tf.distribute.MirroredStrategy over 4 replicas"
     assert_same_training(outcome)
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="model parallelism runs on jax")
 def test_model_parallel_layout_splits_the_weights_and_matches_one_device():
     outcome = run_parallel("model")
+    assert outcome["kind"] == "model" and outcome["batch_multiple"] == 2
     assert "(2, 2)" in outcome["description"]
     assert_same_training(outcome)
     shards = outcome["shards"]
@@ -127,22 +136,18 @@ def test_unsupported_combinations_say_what_to_use():
 
 
 def test_batches_become_multiples_of_the_replica_count():
-    from helpers import CharTokenizer
-
-    from keras_transformer.training.pipeline import bucket_plan, make_dataset
-
     _, sizes, _ = bucket_plan(64, 1000, batch_multiple=4)
-    assert all(size % 4 == 0 and size >= 4 for size in sizes)
+    assert sizes and all(size % 4 == 0 and size >= 4 for size in sizes)
 
-    class Tokenizer(CharTokenizer):
-        unk_id = 3
-
+    tokenizer = CharTokenizer()
     sentences = ["abc", "abcdefgh", "ab", "hgfe", "a", "bad"]
-    dataset, _ = make_dataset(sentences, sentences, Tokenizer(), max_length=16,
+    dataset, _ = make_dataset(sentences, sentences, tokenizer, max_sentence_length=16,
                               tokens_per_batch=64, shuffle=False, verbose=False,
                               batch_multiple=4)
-    rows = 0
+    rows, batches = 0, 0
     for inputs, labels in dataset:
+        batches += 1
         assert inputs["source"].shape[0] % 4 == 0
-        rows += int((labels.numpy() != 0).any(axis=1).sum())
+        rows += int((labels.numpy() != tokenizer.pad_id).any(axis=1).sum())
+    assert batches > 0
     assert rows == len(sentences), "padding rows hold no tokens"

@@ -7,17 +7,13 @@ import sys
 import keras
 import numpy as np
 import pytest
-from helpers import to_numpy
+from helpers import tiny_model, to_numpy
 
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.layers import sinusoidal_position_encoding
 
 BACKENDS = ("tensorflow", "jax", "torch")
 RNG = np.random.default_rng(0)
-
-
-def tiny_model(**overrides):
-    return Transformer(TransformerConfig.tiny(vocab_size=20, **overrides))
 
 
 def batch(batch_size=2, source_length=6, target_length=5, vocab_size=20):

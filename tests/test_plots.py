@@ -5,12 +5,12 @@ import struct
 
 import numpy as np
 import pytest
-from helpers import CharTokenizer
+from helpers import CharTokenizer, tiny_model
 
-import keras_transformer as kt
 from keras_transformer import plots
 from keras_transformer.inference import Translator
 
+TOKENIZER = CharTokenizer()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -23,19 +23,21 @@ def png_size(path):
     return struct.unpack(">II", data[16:24])
 
 
-def tiny_model():
-    return kt.Transformer(kt.TransformerConfig.tiny(vocab_size=12))
+def ids(text, eos=True):
+    """The tokenizer's ids of text, with EOS unless eos=False."""
+    return TOKENIZER.tokenize([text])[0] + ([TOKENIZER.eos_id] if eos else [])
 
 
 @pytest.mark.parametrize("attention", plots.ATTENTION_KINDS)
 def test_attention_grid_has_a_panel_per_layer_and_head(tmp_path, attention):
-    model = tiny_model()
-    source, output = [3, 4, 5, 6, 2], [7, 8, 9, 2]
-    everything = plots.plot_attention(model, source, output, tmp_path / "all.png", bos_id=1,
-                                      attention=attention)
+    model = tiny_model(TOKENIZER.vocab_size)
+    source, output = ids("abcd"), ids("efg")
+    bos_id = TOKENIZER.bos_id
+    everything = plots.plot_attention(model, source, output, tmp_path / "all.png",
+                                      bos_id=bos_id, attention=attention)
     one_layer = plots.plot_attention(model, source, output, tmp_path / "sub" / "one.png",
-                                     bos_id=1, attention=attention, layers=[1], heads=[0, 3],
-                                     source_labels=list("abcd") + ["</s>"])
+                                     bos_id=bos_id, attention=attention, layers=[1],
+                                     heads=[0, 3], source_labels=list("abcd") + ["</s>"])
     assert everything == str(tmp_path / "all.png")
     width, height = png_size(tmp_path / "all.png")
     small_width, small_height = png_size(tmp_path / "sub" / "one.png")
@@ -45,18 +47,22 @@ def test_attention_grid_has_a_panel_per_layer_and_head(tmp_path, attention):
 
 
 def test_translation_attention_writes_three_figures(tmp_path):
-    model = tiny_model()
-    bias = np.zeros(12, "float32")
-    bias[2] = -1e4  # no EOS: a four-token translation
+    model = tiny_model(TOKENIZER.vocab_size)
+    bias = np.zeros(TOKENIZER.vocab_size, "float32")
+    bias[TOKENIZER.eos_id] = -1e4  # no EOS: a four-token translation
     model.target_embedding.output_bias.assign(bias)
-    translator = Translator(model, CharTokenizer())
-    paths = plots.plot_translation_attention(translator, "bad ", tmp_path, beam_size=2,
-                                             max_length=4, prefix="example")
+    translator = Translator(model, TOKENIZER)
+    search = {"beam_size": 2, "max_output_length": 4}
+    _, (output,) = translator.translate(["bad "], return_ids=True, **search)
+    assert len(output) == 4 and TOKENIZER.eos_id not in output
+    paths = plots.plot_translation_attention(translator, "bad ", tmp_path, prefix="example",
+                                             **search)
     assert sorted(paths) == sorted(plots.ATTENTION_KINDS)
     for kind, path in paths.items():
         assert path.endswith(f"example_{kind}.png")
         png_size(tmp_path / f"example_{kind}.png")
-    labels = plots.token_labels(translator.tokenizer, [4, 11, 2, 1])
+    labels = plots.token_labels(TOKENIZER, ids("b ", eos=False) + [TOKENIZER.eos_id,
+                                                                   TOKENIZER.bos_id])
     assert labels == ["b", "␣", "</s>", "<s>"]
 
 
@@ -74,17 +80,18 @@ def test_learning_rate_figure_compares_schedules(tmp_path):
 
 
 def test_bad_plot_arguments_are_explained(tmp_path):
-    model = tiny_model()
+    model = tiny_model(TOKENIZER.vocab_size)
+    source, output, bos = ids("a"), ids("b"), TOKENIZER.bos_id
     with pytest.raises(ValueError, match="attention='self' must be one of"):
-        plots.plot_attention(model, [3, 2], [4, 2], tmp_path / "x.png", 1, attention="self")
+        plots.plot_attention(model, source, output, tmp_path / "x.png", bos, attention="self")
     with pytest.raises(ValueError, match="output_ids is empty"):
-        plots.plot_attention(model, [3, 2], [], tmp_path / "x.png", 1, attention="cross")
+        plots.plot_attention(model, source, [], tmp_path / "x.png", bos, attention="cross")
     with pytest.raises(ValueError, match=r"layers=\[2\] must be"):
-        plots.plot_attention(model, [3, 2], [4, 2], tmp_path / "x.png", 1, layers=[2])
+        plots.plot_attention(model, source, output, tmp_path / "x.png", bos, layers=[2])
     with pytest.raises(ValueError, match="source_labels has 1 labels for 2 ids"):
-        plots.plot_attention(model, [3, 2], [4, 2], tmp_path / "x.png", 1, source_labels=["a"])
+        plots.plot_attention(model, source, output, tmp_path / "x.png", bos, source_labels=["a"])
     with pytest.raises(ValueError, match="1-D sequence"):
-        plots.plot_attention(model, np.ones((2, 2), "int32"), [4, 2], tmp_path / "x.png", 1)
+        plots.plot_attention(model, np.ones((2, 2), "int32"), output, tmp_path / "x.png", bos)
     with pytest.raises(ValueError, match=r"dimensions \[64\] are outside"):
         plots.plot_position_encoding(tmp_path / "x.png", d_model=64, dimensions=[64])
     with pytest.raises(ValueError, match="num_steps=0 must be a positive integer"):

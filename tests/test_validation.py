@@ -13,6 +13,7 @@ from keras_transformer.validation import (
     check_non_negative_int,
     check_non_negative_number,
     check_positive_int,
+    check_positive_range,
     check_rate,
     head_dims,
 )
@@ -116,3 +117,12 @@ def test_head_dims_explains_indivisible_d_model():
 def test_head_dims_checks_each_size(arguments, message):
     with pytest.raises(ValueError, match=message):
         head_dims(*arguments)
+
+
+def test_check_positive_range():
+    assert check_positive_range("low", 2, "high", 2) == (2, 2)
+    assert check_positive_range("low", 1, "high", np.int64(5)) == (1, 5)
+    with pytest.raises(ValueError, match="low=3 is above high=2: the lower bound cannot"):
+        check_positive_range("low", 3, "high", 2)
+    with pytest.raises(ValueError, match="high=0 must be a positive integer"):
+        check_positive_range("low", 1, "high", 0)

@@ -18,6 +18,8 @@ import os
 import shutil
 import tempfile
 
+from keras_transformer import validation
+
 #: The export's settings, beside the variables, where TensorFlow Serving
 #: keeps extra assets.
 METADATA_PATH = os.path.join("assets.extra", "keras_transformer.json")
@@ -44,8 +46,9 @@ def next_version(export_base, version=None):
     if version is None:
         present = versions(export_base)
         return present[-1] + 1 if present else 1
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    if not isinstance(version, int):  # "5" or 2.0 would name another folder
         raise ValueError(f"version={version!r} must be a positive integer (TF Serving layout).")
+    version = validation.check_positive_int("version", version, "TF Serving layout")
     if os.path.exists(os.path.join(export_base, str(version))):
         raise FileExistsError(
             f"{os.path.join(export_base, str(version))} exists: a served version is never "

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 
+from keras_transformer import validation
 from keras_transformer.inference import saved_model
 
 DEFAULT_PORT = 8501
@@ -62,9 +63,8 @@ class TranslationService:
     """
 
     def __init__(self, path, max_instances=DEFAULT_MAX_INSTANCES, max_chars=DEFAULT_MAX_CHARS):
-        for name, value in (("max_instances", max_instances), ("max_chars", max_chars)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer.")
+        validation.check_positive_int("max_instances", max_instances)
+        validation.check_positive_int("max_chars", max_chars)
         self.loaded, self.version_path = saved_model.load_saved_model(path)
         missing = [s for s in _SIGNATURES if s not in self.loaded.signatures]
         if missing:

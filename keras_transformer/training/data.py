@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from keras_transformer.validation import check_positive_int, check_rate
+from keras_transformer.validation import check_positive_int, check_positive_range, check_rate
 
 ParallelCorpus = collections.namedtuple("ParallelCorpus", ["sources", "targets"])
 
@@ -200,13 +200,8 @@ def synthetic_translation(num_examples, seed=0, min_sentence_length=3, max_sente
         raise ValueError(
             f"num_words={num_words} must be at most {vocabulary}, the made-up words there are."
         )
-    check_positive_int("min_sentence_length", min_sentence_length)
-    check_positive_int("max_sentence_length", max_sentence_length)
-    if min_sentence_length > max_sentence_length:
-        raise ValueError(
-            f"min_sentence_length={min_sentence_length} is above max_sentence_length="
-            f"{max_sentence_length}: the shortest sentence cannot be longer than the longest."
-        )
+    check_positive_range("min_sentence_length", min_sentence_length,
+                         "max_sentence_length", max_sentence_length)
     dictionary_rng = np.random.default_rng(12345)  # the language is the same for every seed
     source_words = list(dictionary_rng.permutation(source_words)[:num_words])
     target_words = list(dictionary_rng.permutation(target_words)[:num_words])

@@ -9,7 +9,11 @@ is the label sequence shifted right behind the begin token (teacher forcing, §5
 
 import numpy as np
 
-from keras_transformer.validation import check_non_negative_int, check_positive_int
+from keras_transformer.validation import (
+    check_non_negative_int,
+    check_positive_int,
+    check_positive_range,
+)
 
 
 class ToyVocabulary:
@@ -101,13 +105,8 @@ def _pack(vocabulary, sources, outputs, max_sentence_length):
 def _random_sentences(num_examples, vocabulary, min_sentence_length, max_sentence_length,
                       seed):
     check_non_negative_int("num_examples", num_examples)
-    check_positive_int("min_sentence_length", min_sentence_length)
-    check_positive_int("max_sentence_length", max_sentence_length)
-    if min_sentence_length > max_sentence_length:
-        raise ValueError(
-            f"min_sentence_length={min_sentence_length} is above max_sentence_length="
-            f"{max_sentence_length}: the shortest sentence cannot be longer than the longest."
-        )
+    check_positive_range("min_sentence_length", min_sentence_length,
+                         "max_sentence_length", max_sentence_length)
     rng = np.random.default_rng(seed)
     lengths = rng.integers(min_sentence_length, max_sentence_length + 1, size=num_examples)
     words = (vocabulary.first_word_id, vocabulary.vocab_size)

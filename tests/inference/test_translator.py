@@ -3,35 +3,10 @@
 import keras
 import numpy as np
 import pytest
-from test_decoding import (
-    TOY_MAX_LENGTH,
-    TOY_VOCAB_SIZE,
-    held_out_reversal,
-    trained_reverse_model,
-)
+from helpers import CharTokenizer
 
 import keras_transformer as kt
 from keras_transformer.inference import Translator, beam_search
-
-
-class CharTokenizer:
-    """One id per character, after the special ids (the toy tasks' layout by default)."""
-
-    def __init__(self, alphabet, pad_id=0, bos_id=1, eos_id=2):
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        self._first = max(pad_id, bos_id, eos_id) + 1
-        self._alphabet = alphabet
-        self.vocab_size = self._first + len(alphabet)
-
-    def tokenize(self, texts):
-        return [[self._first + self._alphabet.index(c) for c in text] for text in texts]
-
-    def detokenize(self, id_lists):
-        return ["".join(self._alphabet[i - self._first] for i in ids if i >= self._first)
-                for ids in id_lists]
-
-
-TOY_ALPHABET = "abcdefg"[: TOY_VOCAB_SIZE - 3]
 
 
 def tiny_translator(alphabet="abcdefghij", **overrides):
@@ -43,28 +18,33 @@ def tiny_translator(alphabet="abcdefghij", **overrides):
 @pytest.fixture(scope="module")
 def translator():
     """An untrained translator shared by the tests that do not change it. They all
-    decode with beam_size=2 and max_length=6, so JAX and TensorFlow compile one
+    decode with beam_size=2 and max_output_length=6, so JAX and TensorFlow compile one
     search per batch shape for the whole module."""
     keras.utils.set_random_seed(7)
     return tiny_translator()
 
 
-SEARCH = {"beam_size": 2, "max_length": 6}
+SEARCH = {"beam_size": 2, "max_output_length": 6}
 
 
-def test_trained_model_translates_text_by_reversing_it():
-    tokenizer = CharTokenizer(TOY_ALPHABET)
-    translator = Translator(trained_reverse_model(), tokenizer)
-    source, _ = held_out_reversal()
-    texts = tokenizer.detokenize([[t for t in row if t > 2] for row in source])
+def test_trained_model_translates_text_by_reversing_it(reversal):
+    # One character per toy word: the characters take the words' ids.
+    vocabulary = reversal.vocabulary
+    tokenizer = CharTokenizer("abcdef")
+    assert (tokenizer.first_char_id, tokenizer.vocab_size) == (
+        vocabulary.first_word_id, vocabulary.vocab_size)
+    translator = Translator(reversal.model, tokenizer)
+    source, _ = reversal.held_out()
+    texts = tokenizer.detokenize(source)
     translations, scores, ids = translator.translate(texts, return_scores=True, return_ids=True)
     exact = np.mean([t == s[::-1] for t, s in zip(translations, texts)])
     assert exact >= 0.85, f"only {exact:.0%} reversed: {list(zip(texts, translations))[:5]}"
     # Text, ids and scores are the beam search's, back in input order.
-    search_ids, search_scores = beam_search(translator.model, source, 1, 2)
-    assert ids == [[int(t) for t in row if t != 0] for row in search_ids]
+    search_ids, search_scores = beam_search(translator.model, source, tokenizer.bos_id,
+                                            tokenizer.eos_id)
+    assert ids == [[int(t) for t in row if t != tokenizer.pad_id] for row in search_ids]
     np.testing.assert_allclose(scores, search_scores, atol=1e-4)
-    assert max(len(t) for t in texts) <= TOY_MAX_LENGTH
+    assert max(len(t) for t in texts) <= reversal.max_sentence_length
 
 
 def test_results_come_back_in_input_order_whatever_the_batch_size(translator):
@@ -83,7 +63,8 @@ def test_returned_ids_and_scores_match_the_texts(translator):
     texts, scores, ids = translator.translate(["abc", "defg"], return_scores=True,
                                               return_ids=True, **SEARCH)
     assert isinstance(scores[0], float) and all(s <= 0 for s in scores)
-    assert all(0 < len(row) <= 6 and 0 not in row for row in ids)
+    pad_id = translator.tokenizer.pad_id
+    assert all(0 < len(row) <= 6 and pad_id not in row for row in ids)
     assert texts == translator.tokenizer.detokenize(ids)
     only_ids = translator.translate(["abc", "defg"], return_ids=True, **SEARCH)
     assert only_ids == (texts, ids)
@@ -101,7 +82,7 @@ def test_empty_sentence_translates_to_empty_text(translator):
 
 def test_separate_target_tokenizer_decodes_the_output():
     source_tokenizer = CharTokenizer("abcdefghij")
-    target_tokenizer = CharTokenizer("XYZ", bos_id=2, eos_id=1)  # other special ids too
+    target_tokenizer = CharTokenizer("XYZ", bos_id=3, eos_id=2)  # other special ids too
     model = kt.Transformer(kt.TransformerConfig.tiny(
         vocab_size=source_tokenizer.vocab_size, target_vocab_size=target_tokenizer.vocab_size,
         share_embeddings=False,
@@ -110,10 +91,11 @@ def test_separate_target_tokenizer_decodes_the_output():
     assert translator.target_tokenizer is target_tokenizer
     texts, ids = translator.translate(["abc", "jjj"], return_ids=True, **SEARCH)
     assert all(set(text) <= set("XYZ") for text in texts)
-    assert all(0 < t < target_tokenizer.vocab_size and t != 2 for row in ids for t in row)
-    assert texts == target_tokenizer.detokenize([[t for t in row if t != 1] for row in ids])
-    with pytest.raises(ValueError, match=r"target_tokenizer.vocab_size=13 exceeds the "
-                                         r"model's vocabulary \(6 ids\)"):
+    bos, eos = target_tokenizer.bos_id, target_tokenizer.eos_id
+    assert all(0 < t < target_tokenizer.vocab_size and t != bos for row in ids for t in row)
+    assert texts == target_tokenizer.detokenize([[t for t in row if t != eos] for row in ids])
+    with pytest.raises(ValueError, match=r"target_tokenizer.vocab_size=14 exceeds the "
+                                         r"model's vocabulary \(7 ids\)"):
         Translator(model, source_tokenizer, target_tokenizer=source_tokenizer)
 
 
@@ -122,7 +104,7 @@ def test_sentence_longer_than_the_model_accepts_is_refused():
     assert len(translator.source_ids(["a" * 15])[0]) == 16  # 15 tokens + EOS fit
     with pytest.raises(ValueError, match=r"sentence 1 has 16 tokens \+ EOS = 17, the limit "
                                          r"is max_length=16"):
-        translator.translate(["abc", "a" * 16], max_length=2)
+        translator.translate(["abc", "a" * 16], max_output_length=2)
 
 
 def test_progress_bar_when_verbose(translator, capsys):
@@ -143,11 +125,16 @@ def test_bad_inputs_are_explained(translator):
         translator.translate([""], beam_size=0)
     model = translator.model
     with pytest.raises(TypeError, match=r"lacks vocab_size, detokenize\(\)"):
-        Translator(model, type("Half", (), {"pad_id": 0, "bos_id": 1, "eos_id": 2,
+        Translator(model, type("Half", (), {"pad_id": 0, "bos_id": 2, "eos_id": 3,
                                             "tokenize": lambda self, texts: []})())
-    with pytest.raises(ValueError, match="tokenizer.pad_id=3 but the model pads with"):
-        Translator(model, CharTokenizer("abc", pad_id=3, bos_id=1, eos_id=2))
+    with pytest.raises(ValueError, match="tokenizer.pad_id=4 but the model pads with"):
+        Translator(model, CharTokenizer("abc", pad_id=4))
     with pytest.raises(ValueError, match="exceeds the model's vocabulary"):
         Translator(model, CharTokenizer("abcdefghijklmnopqrstuvwxyz"))
     with pytest.raises(TypeError, match="needs a keras_transformer.Transformer"):
         Translator(object(), translator.tokenizer)
+
+
+def test_bytes_instead_of_text_are_rejected(translator):
+    with pytest.raises(TypeError, match=r"sentences\[1\] is a bytes, not a str"):
+        translator.translate(["abc", b"\xff\xfe"])

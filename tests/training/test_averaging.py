@@ -1,28 +1,33 @@
 """Tests of §6.1 checkpoint averaging."""
 
+import keras
 import numpy as np
 import pytest
-from helpers import to_numpy
+from helpers import tiny_model, to_numpy
 
-import keras_transformer as kt
 from keras_transformer.training.averaging import average_checkpoints
 
 
 def test_average_of_two_checkpoints_is_their_elementwise_mean(tmp_path):
-    config = kt.TransformerConfig.tiny(vocab_size=12)
-    first, second = kt.Transformer(config), kt.Transformer(config)
+    first, second = tiny_model(12), tiny_model(12)
     first.save(tmp_path / "a.keras")
     second.save(tmp_path / "b.keras")
     averaged = average_checkpoints([str(tmp_path / "a.keras"), str(tmp_path / "b.keras")],
                                    str(tmp_path / "avg.keras"))
-    for a, b, mean in zip(first.weights, second.weights, averaged.weights):
-        np.testing.assert_allclose(to_numpy(mean), (to_numpy(a) + to_numpy(b)) / 2, atol=1e-7)
-    assert (tmp_path / "avg.keras").exists()
+    means = [(to_numpy(a) + to_numpy(b)) / 2 for a, b in zip(first.weights, second.weights)]
+    assert len(averaged.weights) == len(means) > 0
+    assert not np.allclose(means[0], to_numpy(first.weights[0]))  # the two really differ
+    for mean, weight in zip(means, averaged.weights):
+        np.testing.assert_allclose(to_numpy(weight), mean, atol=1e-7)
+    # The written file holds the averaged model.
+    written = keras.saving.load_model(tmp_path / "avg.keras")
+    for mean, weight in zip(means, written.weights):
+        np.testing.assert_allclose(to_numpy(weight), mean, atol=1e-7)
 
 
 def test_checkpoints_of_different_models_are_refused(tmp_path):
-    kt.Transformer(kt.TransformerConfig.tiny(vocab_size=12)).save(tmp_path / "a.keras")
-    kt.Transformer(kt.TransformerConfig.tiny(vocab_size=13)).save(tmp_path / "b.keras")
+    tiny_model(12).save(tmp_path / "a.keras")
+    tiny_model(13).save(tmp_path / "b.keras")
     with pytest.raises(ValueError, match="architecture"):
         average_checkpoints([str(tmp_path / "a.keras"), str(tmp_path / "b.keras")])
 

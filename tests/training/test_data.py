@@ -3,7 +3,7 @@
 import gzip
 
 import pytest
-from test_data_paths import shared_data
+from helpers import shared_data
 
 from keras_transformer.training.data import (
     ParallelCorpus,
@@ -144,3 +144,25 @@ def test_wmt14_loader_with_mocked_tensorflow_datasets():
         reverse = load_wmt14("train", "de-en")
     assert len(corpus.sources) == 6 and all(isinstance(s, str) for s in corpus.sources)
     assert corpus.sources == reverse.targets
+
+
+# Files: missing or corrupted data, vocabularies and models.
+def test_non_utf8_data_names_the_file(tmp_path):
+    path = tmp_path / "train.de"
+    path.write_bytes(b"gut\n\xff\xfe kaputt\n")
+    with pytest.raises(ValueError, match=r"Cannot read .*train.de.* as UTF-8 text"):
+        read_lines(str(path))
+
+
+def test_corrupted_gzip_data_names_the_file(tmp_path):
+    path = tmp_path / "train.en.gz"
+    path.write_bytes(gzip.compress(b"one line\n")[:12])
+    with pytest.raises(ValueError, match=r"Cannot read .*train.en.gz"):
+        read_lines(str(path))
+
+
+def test_misaligned_parallel_files_give_both_line_counts(tmp_path):
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    (tmp_path / "b.txt").write_text("eins\n")
+    with pytest.raises(ValueError, match="has 2 lines but .* has 1"):
+        read_parallel(str(tmp_path / "a.txt"), str(tmp_path / "b.txt"))

@@ -64,9 +64,13 @@ def test_sample_weight_per_sequence():
 
 
 def test_loss_is_float32_for_low_precision_logits():
+    labels = np.array([[1, 2, 3]])
     logits = ops.cast(RNG.normal(size=(1, 3, 6)), "bfloat16")
-    loss = LabelSmoothedCrossEntropy()(np.array([[1, 2, 3]]), logits)
+    loss = LabelSmoothedCrossEntropy(0.1)(labels, logits)
     assert keras.backend.standardize_dtype(loss.dtype) == "float32"
+    # Computed in float32 from the bfloat16 values, not in bfloat16.
+    exact = numpy_smoothed_loss(labels, ops.convert_to_numpy(ops.cast(logits, "float32")), 0.1)
+    np.testing.assert_allclose(float(ops.convert_to_numpy(loss)), exact, rtol=1e-5)
 
 
 def test_loss_config_round_trip():
@@ -74,6 +78,11 @@ def test_loss_config_round_trip():
     revived = keras.losses.deserialize(keras.losses.serialize(loss))
     assert isinstance(revived, LabelSmoothedCrossEntropy)
     assert revived.get_config() == loss.get_config()
+    # The revived loss smooths by 0.2 and skips id 3, not id 0.
+    labels = np.array([[3, 1, 0, 3]])
+    logits = RNG.normal(size=(1, 4, 6)).astype("float32")
+    np.testing.assert_allclose(float(ops.convert_to_numpy(revived(labels, logits))),
+                               numpy_smoothed_loss(labels, logits, 0.2, pad_id=3), rtol=1e-5)
 
 
 def test_bad_label_smoothing_raises():
@@ -96,3 +105,10 @@ def test_masked_token_accuracy_config_round_trip():
     revived = keras.metrics.deserialize(keras.metrics.serialize(metric))
     assert isinstance(revived, MaskedTokenAccuracy)
     assert revived.get_config() == metric.get_config()
+    assert revived.name == "acc"
+    # The revived metric skips id 5: one right of the two other tokens.
+    labels = np.array([[0, 2, 5]])
+    logits = np.zeros((1, 3, 6), "float32")
+    logits[0, 0, 0] = logits[0, 1, 1] = logits[0, 2, 1] = 1.0
+    revived.update_state(labels, logits)
+    np.testing.assert_allclose(float(ops.convert_to_numpy(revived.result())), 0.5, rtol=1e-6)

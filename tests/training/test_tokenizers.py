@@ -119,3 +119,15 @@ def test_bad_training_arguments(kwargs, message):
 def test_tokenize_rejects_a_bare_string(sentencepiece):
     with pytest.raises(TypeError, match="list of strings"):
         sentencepiece.tokenize("A man")
+
+
+def test_missing_vocabulary_says_where_it_should_be(tmp_path):
+    with pytest.raises(FileNotFoundError, match="expected tokenizer.json"):
+        SubwordTokenizer.load(str(tmp_path))
+
+
+def test_corrupted_vocabulary_is_reported_as_such(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"kind": "sentencepiece", "vocab_size": 300}')
+    (tmp_path / "sentencepiece.model").write_bytes(b"not a protobuf")
+    with pytest.raises(ValueError, match="missing or corrupted"):
+        SubwordTokenizer.load(str(tmp_path))

@@ -1,27 +1,18 @@
-"""Figures of the paper as PNG files: attention (Appendix, Figures 3-5), the §3.5
-positional encodings and the §5.3 learning-rate schedule (eq. 3).
+"""Attention weights of a translated sentence (the paper's Appendix, Figures 3-5).
 
-* `plot_attention` draws one sentence's attention weights, one panel per layer
-  and head: encoder self-attention, decoder self-attention or encoder-decoder
-  attention (`attention_weights` returns the numbers).
-  `plot_translation_attention` translates a sentence first and draws all three.
-* `plot_position_encoding` draws the matrix PE(pos, i) of §3.5.
-* `plot_learning_rate` draws eq. (3) for one or more (d_model, warmup_steps).
-
-Figures are drawn with matplotlib's Agg renderer on a `Figure` object, without
-pyplot, so no window opens and the caller's matplotlib settings stay as they
-are. Each plotting function writes PNG files and returns their paths.
+`plot_attention` draws one sentence's attention weights, one panel per layer
+and head: encoder self-attention, decoder self-attention or encoder-decoder
+attention (`attention_weights` returns the numbers).
+`plot_translation_attention` translates a sentence first and draws all three.
 """
 
-import itertools
 import os
 
 import numpy as np
 from keras import ops
 
-from keras_transformer import validation
-from keras_transformer.layers.embedding import sinusoidal_position_encoding
-from keras_transformer.training.schedule import NoamSchedule
+from keras_transformer.plots import canvas
+
 
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
 
@@ -74,7 +65,7 @@ def attention_weights(model, source_ids, output_ids, bos_id):
         )
         weights["decoder"] = [block["self"] for block in decoder_weights]
         weights["cross"] = [block["cross"] for block in decoder_weights]
-    return {kind: np.stack([_to_numpy(w)[0] for w in per_layer])
+    return {kind: np.stack([canvas.to_numpy(w)[0] for w in per_layer])
             for kind, per_layer in weights.items()}
 
 
@@ -194,199 +185,6 @@ def token_labels(tokenizer, ids):
     return [special.get(i) or (text.strip() or "␣") for i, text in zip(ids, texts)]
 
 
-def plot_position_encoding(path, length=100, d_model=512, dimensions=None):
-    """Draws the §3.5 sinusoidal positional encodings.
-
-    Left: the (length, d_model) matrix PE as a heat map (position down,
-    dimension across). Right: PE(pos, i) against pos for a few dimensions i,
-    whose wavelengths 2π · 10000^(2⌊i/2⌋/d_model) grow geometrically from 2π
-    to 10000 · 2π along the dimensions.
-
-    Args:
-        path: PNG file to write; parent folders are created.
-        length: Number of positions.
-        d_model: Encoding width.
-        dimensions: Dimensions i drawn as curves on the right; defaults to four
-            sine dimensions spread over the first half of the width, whose
-            wavelengths span short to long.
-
-    Returns:
-        `path`.
-
-    Example:
-
-    >>> plot_position_encoding("position_encoding.png", length=100, d_model=512)
-    'position_encoding.png'
-    """
-    for name, value in (("length", length), ("d_model", d_model)):
-        validation.check_positive_int(name, value)
-    if dimensions is None:
-        dimensions = sorted({2 * (d_model * k // 16) for k in range(4)})
-    dimensions = [int(d) for d in dimensions]
-    bad = [d for d in dimensions if not 0 <= d < d_model]
-    if bad:
-        raise ValueError(f"dimensions {bad} are outside 0 <= i < d_model={d_model}.")
-    encoding = _to_numpy(sinusoidal_position_encoding(length, d_model))
-
-    figure = _figure(figsize=(13, 5.5), constrained_layout=True)
-    heat_map, curves = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
-    image = heat_map.imshow(encoding, cmap="RdBu", vmin=-1, vmax=1, aspect="auto",
-                            interpolation="nearest")
-    heat_map.set_xlabel("dimension i")
-    heat_map.set_ylabel("position pos")
-    heat_map.set_title(f"PE for {length} positions, d_model={d_model}")
-    figure.colorbar(image, ax=heat_map)
-    for d in dimensions:
-        kind = "sin" if d % 2 == 0 else "cos"
-        wavelength = 2 * np.pi * 10000.0 ** ((d - d % 2) / d_model)
-        curves.plot(np.arange(length), encoding[:, d],
-                    label=f"i={d} ({kind}, wavelength {wavelength:.0f})")
-    curves.set_xlabel("position pos")
-    curves.set_ylabel("PE(pos, i)")
-    curves.set_title("A few dimensions")
-    curves.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
-    figure.suptitle("§3.5 PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), "
-                    "PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))")
-    return _save(figure, path)
-
-
-def plot_learning_rate(path, d_model=512, warmup_steps=4000, num_steps=20000, scale=1.0):
-    """Draws the eq. (3) learning rate against the training step.
-
-    lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5):
-    a linear rise for `warmup_steps` steps, then inverse-square-root decay.
-    `d_model` and `warmup_steps` may each be a list, to compare one curve per
-    combination.
-
-    Args:
-        path: PNG file to write; parent folders are created.
-        d_model: Model width, or a list of widths.
-        warmup_steps: Warmup steps, or a list of them.
-        num_steps: Steps on the horizontal axis.
-        scale: Constant factor of the schedule.
-
-    Returns:
-        `path`.
-
-    Example:
-
-    >>> plot_learning_rate("lr.png", d_model=[512, 256], warmup_steps=[4000, 8000])
-    'lr.png'
-    """
-    validation.check_positive_int("num_steps", num_steps)
-    widths = [d_model] if isinstance(d_model, int) else list(d_model)
-    warmups = [warmup_steps] if isinstance(warmup_steps, int) else list(warmup_steps)
-    if not widths or not warmups:
-        raise ValueError("d_model and warmup_steps need at least one value each.")
-
-    figure = _figure(figsize=(9, 5))
-    axes = figure.subplots()
-    steps = np.arange(num_steps)
-    for width, warmup in itertools.product(widths, warmups):
-        rates = _to_numpy(NoamSchedule(width, warmup, scale)(ops.convert_to_tensor(steps)))
-        peak = int(np.argmax(rates))
-        axes.plot(steps + 1, rates, label=f"d_model={width}, warmup_steps={warmup} "
-                                          f"(peak {rates[peak]:.2e} at step {peak + 1})")
-        axes.plot([peak + 1], [rates[peak]], "o", color=axes.lines[-1].get_color())
-    axes.set_xlabel("training step")
-    axes.set_ylabel("learning rate")
-    axes.set_xlim(0, num_steps)
-    axes.set_ylim(bottom=0)
-    axes.grid(alpha=0.3)
-    axes.legend()
-    axes.set_title("§5.3 eq. (3): lrate = d_model^-0.5 · min(step^-0.5, "
-                   "step · warmup_steps^-1.5)" + ("" if scale == 1.0 else f" × {scale}"))
-    return _save(figure, path)
-
-
-def plot_training_log(path, runs, steps_per_window=None):
-    """Draws training curves from the recipes' `training_log.csv` files.
-
-    One row of a log is one checkpoint window: training loss and token
-    accuracy over the window, and validation loss and accuracy at its end.
-
-    Args:
-        path: PNG file to write; parent folders are created.
-        runs: {label: run directory (or training_log.csv path)}, one curve each.
-        steps_per_window: The runs' `--checkpoint-every`, to label the
-            horizontal axis in optimizer steps; None counts windows.
-
-    Returns:
-        `path`.
-
-    Example:
-
-    >>> plot_training_log("curves.png", {"de-en": "runs/multi30k-de-en"}, steps_per_window=200)
-    'curves.png'
-    """
-    import csv
-
-    if not runs:
-        raise ValueError("runs is empty: pass {label: run directory}.")
-    figure = _figure(figsize=(12, 4.5))
-    loss_axes, accuracy_axes = figure.subplots(1, 2)
-    for label, run in runs.items():
-        log_path = os.path.join(run, "training_log.csv") if os.path.isdir(run) else run
-        if not os.path.exists(log_path):
-            raise FileNotFoundError(f"No training log at {log_path!r}: a recipe writes "
-                                    "RUN_DIR/training_log.csv.")
-        with open(log_path) as f:
-            rows = list(csv.DictReader(f))
-        if not rows:
-            raise ValueError(f"{log_path!r} has no rows yet.")
-        windows = np.array([int(row["epoch"]) + 1 for row in rows])
-        x = windows * steps_per_window if steps_per_window else windows
-        for axes, key, name in ((loss_axes, "loss", "loss"),
-                                (accuracy_axes, "token_accuracy", "token accuracy")):
-            line, = axes.plot(x, [float(row[key]) for row in rows], label=f"{label} train")
-            if rows[0].get("val_" + key):
-                axes.plot(x, [float(row["val_" + key]) for row in rows], "--",
-                          color=line.get_color(), label=f"{label} validation")
-            axes.set_ylabel(name)
-    for axes in (loss_axes, accuracy_axes):
-        axes.set_xlabel("optimizer step" if steps_per_window else "checkpoint window")
-        axes.grid(alpha=0.3)
-        axes.legend()
-    loss_axes.set_title("label-smoothed cross-entropy per target token")
-    accuracy_axes.set_title("next-token accuracy (teacher forcing)")
-    return _save(figure, path)
-
-
-def plot_variants(path, rows, title="Table 3 variants"):
-    """Bar charts of dev BLEU and perplexity per variant (rows of recipes/table3.py).
-
-    Args:
-        path: PNG file to write.
-        rows: dicts with "variant", "dev_bleu" and "dev_perplexity"; a row named
-            "base" gets a dashed line across both charts.
-        title: Figure title.
-
-    Returns:
-        `path`.
-    """
-    if not rows:
-        raise ValueError("rows is empty: nothing to draw.")
-    figure = _figure(figsize=(10, 0.4 * len(rows) + 1.5))
-    bleu_axes, perplexity_axes = figure.subplots(1, 2, sharey=True)
-    labels = [row["variant"] for row in rows]
-    bleu_axes.barh(labels, [row["dev_bleu"] for row in rows], color="tab:blue")
-    bleu_axes.set_xlabel("dev BLEU (13a, cased)")
-    perplexity_axes.barh(labels, [row["dev_perplexity"] for row in rows], color="tab:orange")
-    perplexity_axes.set_xlabel("dev perplexity per subword token")
-    base = next((row for row in rows if row["variant"] == "base"), None)
-    if base is not None:  # a dashed line at the base row, to read each variant against it
-        bleu_axes.axvline(base["dev_bleu"], color="black", linestyle="--", linewidth=1)
-        perplexity_axes.axvline(base["dev_perplexity"], color="black", linestyle="--",
-                                linewidth=1)
-    bleu_axes.invert_yaxis()
-    figure.suptitle(title)
-    figure.tight_layout()
-    return _save(figure, path)
-
-
-# Drawing helpers.
-
-
 def _plot_weights(weights, attention, source_labels, output_labels, layers, heads, path):
     """Draws (layers, heads, rows, columns) weights of one kind of attention."""
     if attention == "encoder":
@@ -409,7 +207,7 @@ def _draw_grid(weights, layers, heads, row_labels, column_labels, axes_names, ti
     num_rows, num_columns = len(layers), len(heads)
     size = max(weights.shape[2], weights.shape[3])
     cell = float(np.clip(0.6 + 0.16 * size, 1.8, 4.5))
-    figure = _figure(figsize=(cell * num_columns + 1.2, cell * num_rows + 0.9),
+    figure = canvas.figure(figsize=(cell * num_columns + 1.2, cell * num_rows + 0.9),
                      constrained_layout=True)
     grid = np.array(figure.subplots(num_rows, num_columns, squeeze=False))
     font = float(np.clip(9 - size / 8, 5, 8))
@@ -431,31 +229,9 @@ def _draw_grid(weights, layers, heads, row_labels, column_labels, axes_names, ti
                 axes.set_xlabel(axes_names[1], fontsize=8)
     figure.colorbar(image, ax=grid, shrink=0.6, label="attention weight")
     figure.suptitle(title, fontsize=11)
-    return _save(figure, path)
+    return canvas.save(figure, path)
 
 
-def _figure(**kwargs):
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ImportError(
-            "keras_transformer.plots needs matplotlib: pip install matplotlib "
-            '(or pip install -e ".[text]").'
-        ) from None
-    return Figure(**kwargs)
-
-
-def _save(figure, path):
-    path = os.fspath(path)
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    figure.savefig(path, format="png", dpi=100)
-    return path
-
-
-def _to_numpy(x):
-    return np.asarray(ops.convert_to_numpy(ops.cast(x, "float32")))
 
 
 def _as_ids(ids, name):
@@ -495,6 +271,3 @@ def _span(indices):
     if numbers == list(range(numbers[0], numbers[-1] + 1)) and len(numbers) > 1:
         return f"{numbers[0]}-{numbers[-1]}"
     return ", ".join(str(n) for n in numbers)
-
-
-

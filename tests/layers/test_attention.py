@@ -233,3 +233,23 @@ def test_float16_explicit_fallback_only_for_jax_on_cpu():
 def test_bad_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MultiHeadAttention(**kwargs)
+
+
+def test_logits_are_scaled_by_the_square_root_of_d_k():
+    """Eq. (1) on numbers worked out by hand. d_model = 8, d_k = 4 and d_v = 3
+    differ, so scaling by √d_model or √d_v instead of √d_k = 2 would show."""
+    layer = MultiHeadAttention(num_heads=1, key_dim=4, value_dim=3)
+    query = np.zeros((1, 1, 8), "float32")
+    query[0, 0, 0] = 2.0
+    keys = np.zeros((1, 2, 8), "float32")
+    keys[0, 0, 0] = 1.0
+    layer(query, keys)  # builds the layer
+    # Queries and keys are the first four input features, unchanged.
+    identity = np.zeros((8, 1, 4), "float32")
+    identity[:4, 0, :] = np.eye(4)
+    for dense in (layer.query_dense, layer.key_dense):
+        dense.kernel.assign(identity)
+        dense.bias.assign(np.zeros((1, 4), "float32"))
+    _, weights = layer(query, keys, return_attention_scores=True)
+    # q·k = (2, 0), divided by √4: logits (1, 0), softmax (e, 1) / (e + 1).
+    np.testing.assert_allclose(to_numpy(weights)[0, 0, 0], [0.7310586, 0.2689414], rtol=1e-5)

@@ -17,9 +17,10 @@ checkpoint averaging (§6.1), evaluation, export and serving all ask this module
 Which model is the model: `model.keras`, always. `translate`, `evaluate`,
 `export` and `serve` given a run directory use it, and the recipes export it.
 The averaged model is a file beside it, used only when named
-(`RUN_DIR/model_averaged.keras`): averaging the last checkpoints helps a long
-run (the paper's models, Multi30k) but can hurt a short one whose early
-checkpoints are far from trained, so it is never picked silently.
+(`RUN_DIR/model_averaged.keras`). Averaging the last checkpoints helps a run
+that has converged (the paper's; Multi30k de→en: BLEU 37.63 against 36.78)
+but can hurt a short one whose early checkpoints are far from trained (the
+1100-step Tatoeba run: 18.86 against 29.71), so it is never picked silently.
 
 Files are written atomically (`save_model`, `write_json`): a temporary file
 beside the target, then a rename, so a killed process never leaves a

@@ -119,10 +119,13 @@ def test_beam_size_one_without_length_penalty_equals_greedy(model):
     np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-5)
 
 
-def test_wide_beam_finds_the_exhaustive_best():
-    """With a beam as wide as every step's candidates, beam search is exact search."""
+@pytest.mark.parametrize("overrides", [{}, CONFIGS["key_dim_unequal_value_dim"]],
+                         ids=["d_v=d_k", "d_v!=d_k"])
+def test_wide_beam_finds_the_exhaustive_best(overrides):
+    """With a beam as wide as every step's candidates, beam search is exact search
+    (its reordered caches included)."""
     vocab_size, max_length = 6, 3
-    model = tiny_model(vocab_size=vocab_size)
+    model = tiny_model(vocab_size=vocab_size, **overrides)
     model.target_embedding.output_bias.assign(
         np.random.default_rng(2).normal(scale=2.0, size=vocab_size).astype("float32")
     )

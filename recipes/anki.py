@@ -2,9 +2,13 @@
 
 The file lists one English sentence with several translations, so the pairs
 are split into train / validation / test by English sentence: no English
-sentence appears in two splits.
+sentence appears in two splits. Without `--data`, English-Spanish is
+downloaded on first use (`spa-eng.zip`, the archive of the keras.io
+English-to-Spanish Transformer example) and its `spa.txt` checked against a
+pinned sha256 (`keras_transformer.training.downloads`); other languages need
+`--data` (files from www.manythings.org/anki).
 
-    python -m recipes.anki [--data ../shared/data/anki/spa-eng/spa.txt.gz] [--direction en-es]
+    python -m recipes.anki [--data spa.txt[.gz]] [--direction en-es]
 """
 
 from recipes import common
@@ -15,12 +19,15 @@ DEFAULTS = dict(preset="small", vocab_size=8000, max_sentence_length=48, tokens_
 
 def main(argv=None):
     from keras_transformer.training.data import load_tatoeba
+    from keras_transformer.training.downloads import fetch_anki_spa_eng
 
     parser = common.build_parser(
         "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS
     )
-    parser.add_argument("--data", default="../shared/data/anki/spa-eng/spa.txt.gz",
-                        help="tab-separated 'English<TAB>translation' file, optionally gzipped")
+    parser.add_argument("--data",
+                        help="tab-separated 'English<TAB>translation' file, optionally gzipped "
+                             "(default for --language es: download spa-eng.zip into the Keras "
+                             "cache on first use)")
     parser.add_argument("--language", default="es",
                         help="code of the file's second language (es for spa-eng, fr for fra-eng)")
     parser.add_argument("--direction", default=None,
@@ -33,8 +40,12 @@ def main(argv=None):
                         help="use only the first N training pairs (smoke runs)")
     args = parser.parse_args(argv)
     common.check_args(parser, args)
+    if args.data is None and args.language != "es":
+        parser.error(f"only English-Spanish is downloaded; for --language {args.language} "
+                     "pass --data with the pairs file (e.g. fra.txt from "
+                     "www.manythings.org/anki)")
     direction = args.direction or f"en-{args.language}"
-    splits = load_tatoeba(args.data, direction, languages=("en", args.language),
+    splits = load_tatoeba(args.data or fetch_anki_spa_eng(), direction, languages=("en", args.language),
                           validation_fraction=args.validation_fraction,
                           test_fraction=args.test_fraction, seed=args.seed)
     splits["train"] = common.limit_pairs(splits["train"], args.train_limit)

@@ -33,6 +33,7 @@ import time
 
 from keras_transformer.config import TABLE3_VARIANT_NAMES, table3_variants
 from keras_transformer.training.data import load_multi30k
+from keras_transformer.training.downloads import fetch_multi30k
 from recipes import common
 
 def build_parser():
@@ -50,8 +51,9 @@ def build_parser():
                         help="step cap per variant (the time budget usually ends training first)")
     parser.add_argument("--run-dir", default="runs/table3", help="results and one folder per variant")
     parser.add_argument("--direction", choices=("de-en", "en-de"), default="de-en")
-    parser.add_argument("--data-dir", default="../shared/data/multi30k",
-                        help="folder with train.{de,en}[.gz], val.*, test_2016_flickr.*")
+    parser.add_argument("--data-dir",
+                        help="folder with train.{de,en}[.gz], val.*, test_2016_flickr.* "
+                             "(default: download them into the Keras cache on first use)")
     parser.add_argument("--train-limit", type=int, help="use only the first N training pairs")
     parser.add_argument("--eval-limit", type=int,
                         help="score BLEU on only the first N validation sentences")
@@ -102,7 +104,7 @@ def main(argv=None):
     import keras_transformer as kt
 
     keras.utils.set_random_seed(args.seed)
-    splits = load_multi30k(args.data_dir, args.direction)
+    splits = load_multi30k(args.data_dir or fetch_multi30k(), args.direction)
     splits["train"] = common.limit_pairs(splits["train"], args.train_limit)
     os.makedirs(args.run_dir, exist_ok=True)
     tokenizer_args = argparse.Namespace(run_dir=args.run_dir, separate_vocabularies=False,

@@ -10,9 +10,18 @@
   project's `SubwordTokenizer` (pad 0, unk 1, bos 2, eos 3).
 * `in_ci` and `shared_data`: whether this is a CI run, and where the shared
   corpora live.
+* `loopback_http` and `data_mirror`: a bounded HTTP server on 127.0.0.1, and
+  the files of a `KERAS_TRANSFORMER_DATA_MIRROR` built from the shared corpora.
 """
 
+import contextlib
+import gzip
+import http.server
+import io
 import os
+import threading
+import urllib.parse
+import zipfile
 
 import keras
 import numpy as np
@@ -240,3 +249,65 @@ def shared_data(*parts):
             pytest.fail(f"{path} is missing, and CI must test on the real data")
         pytest.skip(f"{path} is not here")
     return path
+
+
+@contextlib.contextmanager
+def loopback_http(files, lifetime=120.0):
+    """Serves `files` on 127.0.0.1 at a free port; yields the base URL.
+
+    `files` maps a URL path to its bytes, or to `(bytes, declared_length)` to
+    announce a longer body than is sent (a truncated download). Other paths
+    answer 404. The server stops when the block ends, or by itself after
+    `lifetime` seconds.
+    """
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (http.server's naming)
+            entry = files.get(urllib.parse.urlsplit(self.path).path)
+            if entry is None:
+                self.send_error(404)
+                return
+            body, declared = entry if isinstance(entry, tuple) else (entry, len(entry))
+            self.send_response(200)
+            self.send_header("Content-Length", str(declared))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    watchdog = threading.Timer(lifetime, server.shutdown)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        watchdog.cancel()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def data_mirror():
+    """{URL path: bytes} of a mirror of the recipes' downloads, made from
+    ../shared/data: the Multi30k .gz files as they are, and spa-eng.zip built
+    like the keras.io archive (spa-eng/spa.txt and spa-eng/_about.txt)."""
+    from keras_transformer.training import downloads
+
+    files = {}
+    for remote in downloads.MULTI30K.files:
+        with open(shared_data("multi30k", remote.name), "rb") as file:
+            files[urllib.parse.urlsplit(remote.url).path] = file.read()
+    (remote,) = downloads.ANKI_SPA_ENG.files
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        with gzip.open(shared_data("anki", "spa-eng", "spa.txt.gz"), "rb") as file:
+            archive.writestr(remote.member, file.read())
+        with open(shared_data("anki", "spa-eng", "_about.txt"), "rb") as file:
+            archive.writestr("spa-eng/_about.txt", file.read())
+    files[urllib.parse.urlsplit(remote.url).path] = buffer.getvalue()
+    return files

@@ -12,11 +12,12 @@ import time
 
 import keras
 import pytest
-from helpers import shared_data
+from helpers import data_mirror, loopback_http, shared_data
 
 import keras_transformer as kt
 from keras_transformer import run_dir as run_dir_files
 from keras_transformer.inference.saved_model import read_metadata
+from keras_transformer.training import downloads
 from keras_transformer.training.data import synthetic_translation
 from recipes import anki, average, multi30k, quickstart, table3, wmt14
 
@@ -107,21 +108,41 @@ def test_quickstart_smoke_run_in_mixed_precision(tmp_path, precision):
     assert losses and all(math.isfinite(loss) and loss > 0 for loss in losses), losses
 
 
-def test_multi30k_smoke_run_reads_the_real_files(tmp_path):
-    data_dir = shared_data("multi30k")
-    results = multi30k.main([
-        "--data-dir", data_dir, "--direction", "en-de", "--run-dir", str(tmp_path / "run"),
+@pytest.fixture
+def mirrored_downloads(tmp_path, monkeypatch):
+    """An empty Keras cache and a loopback mirror of the recipes' downloads,
+    built from ../shared/data. Yields a function that takes the mirror away
+    (pointing it at a closed port)."""
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    with loopback_http(data_mirror()) as base:
+        monkeypatch.setenv(downloads.MIRROR_VARIABLE, base)
+        yield lambda: monkeypatch.setenv(downloads.MIRROR_VARIABLE, "http://127.0.0.1:9")
+
+
+def test_multi30k_smoke_run_downloads_verifies_and_caches_the_real_files(
+        tmp_path, mirrored_downloads, capsys):
+    arguments = [
+        "--direction", "en-de", "--run-dir", str(tmp_path / "run"),
         "--train-limit", "300", "--steps", "2", "--checkpoint-every", "2", "--vocab-size", "500",
         "--eval-limit", "3", "--max-sentence-length", "48", "--tokens-per-batch", "1024",
         *TINY_MODEL,
-    ])
+    ]
+    results = multi30k.main(arguments)
     assert results["recipe"] == "multi30k-en-de" and results["steps"] == 2
+    output = capsys.readouterr().out
+    assert "Downloading multi30k (6 file(s))" in output and "Elliott et al. 2016" in output
+    cached = tmp_path / "keras_home" / "datasets" / "keras_transformer" / "multi30k"
+    assert sorted(os.listdir(cached)) == sorted(f.name for f in downloads.MULTI30K.files)
+    # Again with no network: the verified cache is read, and nothing is downloaded.
+    mirrored_downloads()
+    again = multi30k.main([*arguments, "--evaluate-only"])
+    assert again["recipe"] == "multi30k-en-de" and "bleu" in again
+    assert "Downloading" not in capsys.readouterr().out
 
 
-def test_anki_smoke_run_reads_the_real_file(tmp_path):
-    data = shared_data("anki", "spa-eng", "spa.txt.gz")
+def test_anki_smoke_run_downloads_and_reads_the_real_file(tmp_path, mirrored_downloads):
     results = anki.main([
-        "--data", data, "--run-dir", str(tmp_path / "run"), "--train-limit", "300",
+        "--run-dir", str(tmp_path / "run"), "--train-limit", "300",
         "--steps", "2", "--checkpoint-every", "2", "--vocab-size", "400", "--eval-limit", "3",
         "--max-sentence-length", "32", "--tokens-per-batch", "512", *TINY_MODEL,
     ])
@@ -130,6 +151,12 @@ def test_anki_smoke_run_reads_the_real_file(tmp_path):
     # translated once and scored against all of them, and pair by pair as well.
     assert results["test_sentences"] == 3 and results["test_references"] > 3
     assert set(results["per_pair"]) == {"bleu", "bleu_lowercase"}
+
+
+def test_anki_needs_data_for_a_language_it_does_not_download(capsys):
+    with pytest.raises(SystemExit):
+        anki.main(["--language", "fr"])
+    assert "only English-Spanish is downloaded" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax",

@@ -5,7 +5,11 @@ Runs unchanged on the TensorFlow, JAX and PyTorch backends (`KERAS_BACKEND`).
 
 import os
 
-from keras_transformer.backend import check_backend_name
+from keras_transformer.logs import quiet_command_line
+
+quiet_command_line()  # before Keras loads TensorFlow: see keras_transformer.logs
+
+from keras_transformer.backend import check_backend_name  # noqa: E402
 
 __version__ = "0.1.0"
 

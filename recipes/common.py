@@ -17,11 +17,15 @@ Run it again with the same command after a crash: it resumes. Add
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
+import threading
 import time
+
+from keras_transformer.logs import quiet_native_logs
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 PRESETS = ("tiny", "small", "base", "big")
@@ -40,6 +44,8 @@ def build_parser(name, description, defaults):
     run.add_argument("--precision", choices=PRECISIONS, default="float32",
                      help="Keras dtype policy for training (mixed_* keep float32 variables)")
     run.add_argument("--seed", type=int, default=0, help="random seed")
+    run.add_argument("--native-logs", action="store_true",
+                     help="show TensorFlow's and absl's C++ log lines (hidden by default)")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                      help="model.fit verbosity: 0 silent, 1 progress bar, 2 one line per window")
     run.add_argument("--distribute", choices=("none", "data", "model"), default="none",
@@ -116,7 +122,8 @@ def limit_pairs(corpus, limit):
 
 
 def check_args(parser, args):
-    """Rejects impossible values with one line instead of a traceback later."""
+    """Rejects impossible values with one line instead of a traceback later,
+    then quiets the native logs (before TensorFlow loads)."""
     for name in ("steps", "checkpoint_every", "keep_checkpoints", "vocab_size",
                  "max_sentence_length", "max_length",
                  "tokens_per_batch", "beam_size", "eval_limit"):
@@ -130,6 +137,7 @@ def check_args(parser, args):
     if args.tokens_per_batch < args.max_sentence_length:
         parser.error(f"--tokens-per-batch ({args.tokens_per_batch}) must be at least "
                      f"--max-sentence-length ({args.max_sentence_length})")
+    quiet_native_logs(args.native_logs)
 
 
 def model_config(args, vocab_size, target_vocab_size=None):
@@ -180,13 +188,40 @@ def load_or_train_tokenizers(args, corpus):
     start = time.time()
     texts = ([corpus.sources, corpus.targets] if args.separate_vocabularies
              else [corpus.sources + corpus.targets])
-    tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
-                  for t in texts]
+    with elapsed_progress(f"Tokenizer: learning a {args.tokenizer} vocabulary of "
+                          f"{args.vocab_size} from {sum(len(t) for t in texts):,} sentences"):
+        tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
+                      for t in texts]
     run_dir.save_tokenizers(args.run_dir, tokenizers[0], tokenizers[-1])
     print(f"Tokenizer: learned {args.tokenizer} vocabulary of "
           f"{', '.join(str(t.vocab_size) for t in tokenizers)} tokens in "
           f"{time.time() - start:.0f} s")
     return tokenizers[0], tokenizers[-1]
+
+
+@contextlib.contextmanager
+def elapsed_progress(label, interval=1.0):
+    """Shows `label` with the seconds elapsed, updated every `interval` on a
+    terminal, while the block runs (a phase whose length cannot be known, such
+    as SentencePiece's training)."""
+    interactive = sys.stdout.isatty()
+    start, done = time.time(), threading.Event()
+
+    def tick():
+        while not done.wait(interval):
+            print(f"\r{label}... {time.time() - start:.0f} s", end="", flush=True)
+
+    print(f"{label}...", end="" if interactive else "\n", flush=True)
+    ticker = threading.Thread(target=tick, daemon=True) if interactive else None
+    if ticker is not None:
+        ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if ticker is not None:
+            ticker.join()
+            print(f"\r{label}... {time.time() - start:.0f} s")
 
 
 def run(args, splits, name):

@@ -22,11 +22,10 @@ so `keras.utils.set_random_seed`) frees the resources of tf-text ops created
 earlier, and a SentencePiece tokenizer made before it fails inside tf.data.
 """
 
-import contextlib
 import json
 import os
-import tempfile
 
+from keras_transformer.logs import stderr_set_aside
 from keras_transformer.validation import check_choice, check_positive_int
 
 KINDS = ("sentencepiece", "wordpiece")
@@ -34,25 +33,6 @@ WORDPIECE_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 _CONFIG_FILE = "tokenizer.json"
 _SENTENCEPIECE_FILE = "sentencepiece.model"
 _WORDPIECE_FILE = "vocabulary.txt"
-
-
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """Sends C++ logging (SentencePiece's trainer prints hundreds of lines) to a
-    temporary file, and replays it only if training fails."""
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            os.dup2(saved, 2)
-            log.seek(0)
-            os.write(2, log.read()[-4000:])
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _text_dataset(texts):
@@ -144,7 +124,8 @@ class SubwordTokenizer:
                 f"{special} special tokens."
             )
         if kind == "sentencepiece":
-            with _quiet_native_stderr():
+            # SentencePiece's trainer prints hundreds of lines of C++ logging.
+            with stderr_set_aside(tail_bytes=4000):
                 proto = keras_hub.tokenizers.compute_sentence_piece_proto(
                     _text_dataset(texts), vocab_size, model_type="bpe", lowercase=lowercase
                 )

@@ -69,7 +69,8 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
             1, 2, 4, ..., 64.
         lengths: The source widths compiled, default steps of 16 up to 64,
             then about 1.5× apart, up to `max_source_length`.
-        verbose: Whether to print where the SavedModel went.
+        verbose: Whether to show the export's progress and print where the
+            SavedModel went.
 
     Returns:
         The path of the new version directory.
@@ -82,12 +83,13 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
     options = dict(beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
                    max_source_length=max_source_length, batch_sizes=batch_sizes,
                    lengths=lengths)
-    if keras.backend.backend() == "tensorflow":
-        loaded, source_tokenizer, target_tokenizer = run_dir.load_translation_model(model_path)
-        path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
-                            **options)
-    else:
-        path = _export_in_subprocess(model_path, export_base, version, **options)
+    if keras.backend.backend() != "tensorflow":
+        # The TensorFlow-backend process shows the progress and the summary.
+        return _export_in_subprocess(model_path, export_base, version, verbose=verbose,
+                                     **options)
+    loaded, source_tokenizer, target_tokenizer = run_dir.load_translation_model(model_path)
+    path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
+                        verbose=verbose, **options)
     if verbose:
         shapes = ServingShapes.from_dict(saved_model.read_metadata(path)["shapes"])
         print(f"Exported {model_path} to {path} (signatures serving_default, translate_ids; "
@@ -99,13 +101,14 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
 
 def export_model(model, source_tokenizer, target_tokenizer, export_base, version=None,
                  beam_size=4, alpha=0.6, max_output_length=None, max_source_length=None,
-                 batch_sizes=None, lengths=None):
+                 batch_sizes=None, lengths=None, verbose=False):
     """Exports an in-memory `Transformer` and its tokenizers (any backend).
 
     Under the TensorFlow backend the model is traced directly; under JAX or
     PyTorch it is saved to a temporary `.keras` file with its tokenizers and
     exported by a TensorFlow-backend subprocess. Arguments as in
-    `export_saved_model`; returns the new version directory.
+    `export_saved_model` (`verbose` shows a progress bar of the export's
+    phases); returns the new version directory.
     """
     import keras
 
@@ -121,12 +124,16 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
             return _export_in_subprocess(
                 model_path, export_base, version, beam_size=beam_size, alpha=alpha,
                 max_output_length=max_output_length, max_source_length=max_source_length,
-                batch_sizes=shapes.batch_sizes, lengths=shapes.lengths)
+                batch_sizes=shapes.batch_sizes, lengths=shapes.lengths, verbose=verbose)
 
     import tensorflow as tf
 
+    # Phases: trace the two signatures, save the SavedModel, write the warm-up
+    # requests and the metadata.
+    progress = keras.utils.Progbar(3, unit_name="phase") if verbose else None
     module = _translation_module(model, source_tokenizer, target_tokenizer, shapes, beam_size,
                                  alpha, max_output_length)
+    _advance(progress)
     metadata = _metadata(model.config, source_tokenizer, target_tokenizer, shapes, beam_size,
                          alpha, max_output_length)
     with saved_model.write_version(export_base, version) as partial:
@@ -134,13 +141,20 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
             module, partial,
             signatures={"serving_default": module.translate, "translate_ids": module.translate_ids},
         )
+        _advance(progress)
         token_id = _ordinary_id(source_tokenizer)
         warmup.write_warmup_requests(
             partial, shapes, source_tokenizer.eos_id,
             source_tokenizer.detokenize([[token_id]])[0] or "a",
             model_name=os.path.basename(os.path.normpath(export_base)))
         saved_model.write_metadata(partial, metadata)
+        _advance(progress)
     return os.path.join(export_base, str(version))
+
+
+def _advance(progress):
+    if progress is not None:
+        progress.add(1)
 
 
 def _ordinary_id(tokenizer):
@@ -151,10 +165,11 @@ def _ordinary_id(tokenizer):
 
 
 def _export_in_subprocess(model_path, export_base, version, beam_size, alpha,
-                          max_output_length, max_source_length, batch_sizes, lengths):
+                          max_output_length, max_source_length, batch_sizes, lengths,
+                          verbose=False):
     command = [sys.executable, "-m", "keras_transformer.cli", "export", model_path,
                export_base, "--version", str(version), "--beam-size", str(beam_size),
-               "--alpha", str(alpha), "--quiet"]
+               "--alpha", str(alpha)] + ([] if verbose else ["--quiet"])
     for flag, value in (("--max-output-length", max_output_length),
                         ("--max-source-length", max_source_length)):
         if value is not None:
@@ -163,7 +178,9 @@ def _export_in_subprocess(model_path, export_base, version, beam_size, alpha,
         if values is not None:
             command += [flag, ",".join(str(v) for v in values)]
     environment = dict(os.environ, KERAS_BACKEND="tensorflow")
-    result = subprocess.run(command, env=environment, capture_output=True, text=True)
+    # Its output (progress, summary) goes to ours; its errors are reported below.
+    result = subprocess.run(command, env=environment, stdout=None if verbose else
+                            subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         raise RuntimeError(
             "Exporting in a TensorFlow-backend process failed "

@@ -13,6 +13,7 @@ same file with `replay_warmup_requests`.
 
 import concurrent.futures
 import os
+import threading
 import time
 
 import numpy as np
@@ -92,7 +93,8 @@ def read_warmup_requests(version_path):
     return requests
 
 
-def replay_warmup_requests(signatures, version_path, threads=1, max_batch_size=None):
+def replay_warmup_requests(signatures, version_path, threads=1, max_batch_size=None,
+                           on_progress=None):
     """Runs every warm-up request of a version, as TensorFlow Serving does
     at load.
 
@@ -102,6 +104,8 @@ def replay_warmup_requests(signatures, version_path, threads=1, max_batch_size=N
         threads: Requests run at once (XLA compiles one shape per thread).
         max_batch_size: When given, requests of more instances are skipped: a
             server that never runs larger batches need not compile them.
+        on_progress: Optional `on_progress(done, total)`, called after each
+            request (from the thread that ran it).
 
     Returns:
         `(number of requests, seconds)`.
@@ -114,9 +118,15 @@ def replay_warmup_requests(signatures, version_path, threads=1, max_batch_size=N
                     if all(len(value) <= max_batch_size for value in request[1].values())]
     start = time.perf_counter()
 
+    done, lock = [0], threading.Lock()
+
     def run(request):
         signature, inputs = request
         signatures[signature](**{name: tf.constant(value) for name, value in inputs.items()})
+        if on_progress is not None:
+            with lock:
+                done[0] += 1
+                on_progress(done[0], len(requests))
 
     # Largest shapes first: they take longest, so the threads finish together.
     requests.sort(key=lambda request: -max(value.size for value in request[1].values()))

@@ -51,8 +51,12 @@ class PipelineStats:
         )
 
 
+# Sentences tokenized per call when a progress bar is shown.
+PROGRESS_CHUNK = 8192
+
+
 def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
-                 max_sentence_length=128, overlong="drop"):
+                 max_sentence_length=128, overlong="drop", verbose=False):
     """Tokenizes pairs and applies the length policy.
 
     The source becomes `ids + [source EOS]`; the target `[target BOS] + ids +
@@ -68,6 +72,7 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
         max_sentence_length: Longest source (with its end token) and decoder
             input in tokens.
         overlong: "drop" or "truncate" pairs longer than that.
+        verbose: Show a progress bar (pairs tokenized) for large corpora.
 
     Returns:
         (source_sequences, target_sequences, PipelineStats): lists of int lists,
@@ -83,8 +88,8 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
     source_eos = source_tokenizer.eos_id
     target_bos, target_eos = target_tokenizer.bos_id, target_tokenizer.eos_id
     stats = PipelineStats(pairs=len(sources))
-    source_ids = source_tokenizer.tokenize(list(sources))
-    target_ids = target_tokenizer.tokenize(list(targets))
+    source_ids, target_ids = _tokenize_pairs(list(sources), list(targets), source_tokenizer,
+                                             target_tokenizer, verbose)
     encoded_sources, encoded_targets = [], []
     for source, target in zip(source_ids, target_ids):
         if not source or not target:
@@ -174,7 +179,8 @@ def make_dataset(
         repeat: Whether to repeat forever (for step-based training).
         seed: Shuffle seed.
         bucket_width: Length granularity of the buckets.
-        verbose: Whether to print the pipeline statistics.
+        verbose: Whether to print the pipeline statistics, with a progress
+            bar while a large corpus is tokenized.
         batch_multiple: Make every batch's size a multiple of this (the number
             of data-parallel replicas): bucket sizes are rounded to it, and a
             bucket's last, smaller batch gets all-padding rows, which the loss
@@ -192,7 +198,8 @@ def make_dataset(
                                              bucket_width, batch_multiple)
     target_tokenizer = target_tokenizer or source_tokenizer
     encoded_sources, encoded_targets, stats = encode_pairs(
-        sources, targets, source_tokenizer, target_tokenizer, max_sentence_length, overlong
+        sources, targets, source_tokenizer, target_tokenizer, max_sentence_length, overlong,
+        verbose=verbose,
     )
     if verbose:
         print(f"Data: {stats.summary()}")
@@ -241,6 +248,24 @@ def make_dataset(
         # first pass that ends in an "ran out of data" warning.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(stats.batches_per_pass))
     return dataset.prefetch(tf.data.AUTOTUNE), stats
+
+
+def _tokenize_pairs(sources, targets, source_tokenizer, target_tokenizer, verbose):
+    """Both sides tokenized, in chunks under a progress bar when `verbose` and
+    there is more than one chunk."""
+    if not verbose or len(sources) <= PROGRESS_CHUNK:
+        return source_tokenizer.tokenize(sources), target_tokenizer.tokenize(targets)
+    import keras
+
+    print(f"Data: tokenizing {len(sources):,} pairs")
+    progress = keras.utils.Progbar(len(sources), unit_name="pair")
+    source_ids, target_ids = [], []
+    for start in range(0, len(sources), PROGRESS_CHUNK):
+        end = start + PROGRESS_CHUNK
+        source_ids += source_tokenizer.tokenize(sources[start:end])
+        target_ids += target_tokenizer.tokenize(targets[start:end])
+        progress.update(min(end, len(sources)))
+    return source_ids, target_ids
 
 
 def _check_max_sentence_length(value):

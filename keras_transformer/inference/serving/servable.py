@@ -163,12 +163,13 @@ class Servable:
         self.shapes = ServingShapes.from_dict(shapes) if shapes else None
         self.warmup_seconds = None
 
-    def warm_up(self, threads=1, max_batch_size=None):
+    def warm_up(self, threads=1, max_batch_size=None, on_progress=None):
         """Replays the version's warm-up requests (those of at most
-        `max_batch_size` instances, when given); returns their number."""
+        `max_batch_size` instances, when given); returns their number.
+        `on_progress(done, total)` follows them."""
         count, self.warmup_seconds = warmup.replay_warmup_requests(
             self.loaded.signatures, self.version_path, threads=threads,
-            max_batch_size=max_batch_size)
+            max_batch_size=max_batch_size, on_progress=on_progress)
         return count
 
     def run(self, signature, instances):

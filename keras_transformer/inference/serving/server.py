@@ -239,10 +239,19 @@ class TranslationServer:
     def _load_servable(self, version_path):
         servable = Servable(version_path, self.options.max_instances, self.options.max_chars)
         batching = self.options.batching
+        start = time.perf_counter()
+        self._log(f"Warming up version {servable.version} (XLA compiles each shape once)")
+
+        def progress(done, total):  # about every quarter, so a slow warm-up shows life
+            if done == total or done % max(1, total // 4) == 0:
+                self._log(f"  warm-up of version {servable.version}: {done}/{total} requests, "
+                          f"{time.perf_counter() - start:.0f} s")
+
         count = servable.warm_up(
             self.options.warmup_threads,
             # With batching on, no call holds more than max_batch_size instances.
-            max_batch_size=batching.max_batch_size if batching.enabled else None)
+            max_batch_size=batching.max_batch_size if batching.enabled else None,
+            on_progress=progress)
         self._log(f"Replayed {count} warm-up requests of version {servable.version} in "
                   f"{servable.warmup_seconds:.1f} s")
         self.metrics.warmup_seconds.labels(self.name, str(servable.version)).set(

@@ -36,12 +36,21 @@ def native_logs_requested():
         "", "0", "false", "no")
 
 
-def started_as_command_line(argv=None):
+def started_as_command_line(argv=None, orig_argv=None):
     """Whether this process runs one of the project's command lines: the
     `keras-transformer` script, `python -m keras_transformer.cli`, or a script
-    of `recipes/` or `benchmarks/` (`python -m` puts the module's path in
-    `sys.argv[0]`)."""
+    of `recipes/` or `benchmarks/`.
+
+    `python -m` sets `sys.argv[0]` to "-m" while it imports the module's
+    packages (this package's `__init__` among them), so the module is then
+    read from `sys.orig_argv`.
+    """
     argv = sys.argv if argv is None else argv
+    if argv and argv[0] == "-m":
+        original = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
+        module = original[original.index("-m") + 1] if "-m" in original[:-1] else ""
+        return module == "keras_transformer.cli" or module.startswith(("recipes.",
+                                                                       "benchmarks."))
     path = os.path.abspath(argv[0]) if argv and argv[0] else ""
     parent, name = os.path.split(path)
     return (name in ("keras-transformer", "keras-transformer.exe")

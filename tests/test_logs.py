@@ -1,0 +1,102 @@
+"""Quiet command lines (keras_transformer/logs.py): which processes are
+quieted, what is set aside, and what still reaches the user."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_transformer import logs
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("argv0, expected", [
+    ("/venv/bin/keras-transformer", True),
+    (os.path.join(REPOSITORY, "keras_transformer", "cli.py"), True),
+    (os.path.join(REPOSITORY, "recipes", "quickstart.py"), True),  # python -m recipes.quickstart
+    (os.path.join(REPOSITORY, "benchmarks", "serving.py"), True),
+    ("/venv/bin/pytest", False),
+    ("-c", False),
+    ("", False),
+    ("/home/me/notebook/recipes", False),
+])
+def test_only_the_projects_command_lines_are_quieted(argv0, expected):
+    assert logs.started_as_command_line([argv0, "--flag"]) is expected
+
+
+@pytest.mark.parametrize("module, expected", [
+    ("keras_transformer.cli", True), ("recipes.quickstart", True), ("benchmarks.serving", True),
+    ("pytest", False), ("keras_transformer.inference", False),
+])
+def test_python_dash_m_is_read_from_the_original_command_line(module, expected):
+    # While `python -m` imports the module's packages, sys.argv[0] is "-m".
+    original = ["python", "-X", "utf8", "-m", module, "plot"]
+    assert logs.started_as_command_line(["-m", "plot"], original) is expected
+
+
+def run_python(code, **environment):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, **environment))
+
+
+def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
+    code = (
+        "import os, sys\n"
+        "from keras_transformer.logs import stderr_set_aside\n"
+        "with stderr_set_aside():\n"
+        "    os.write(2, b'native noise\\n')\n"
+        "print('after', file=sys.stderr)\n"
+        "try:\n"
+        "    with stderr_set_aside(tail_bytes=12):\n"
+        "        os.write(2, b'early lines, then the cause\\n')\n"
+        "        raise RuntimeError('failed')\n"
+        "except RuntimeError:\n"
+        "    pass\n"
+    )
+    result = run_python(code, KERAS_TRANSFORMER_NATIVE_LOGS="1")
+    assert result.returncode == 0, result.stderr
+    assert "native noise" not in result.stderr
+    assert "after" in result.stderr  # stderr is back after the block
+    assert "the cause" in result.stderr and "early lines" not in result.stderr
+
+
+def test_a_command_line_starts_without_tensorflows_native_lines(tmp_path):
+    # The lines TensorFlow writes at start on a machine without CUDA: none of
+    # them may reach the user of a command line.
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer.cli", "plot", "positions",
+         "--output", str(tmp_path / "positions.png")],
+        capture_output=True, text=True, timeout=300, cwd=REPOSITORY,
+        env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
+    assert result.returncode == 0, result.stderr
+    for line in ("absl::InitializeLog", "cudart_stub", "cpu_feature_guard", "cuInit"):
+        assert line not in result.stderr, result.stderr
+    assert (tmp_path / "positions.png").stat().st_size > 0
+
+
+def test_the_native_logs_can_be_asked_for():
+    code = ("import os, sys\n"
+            "sys.argv = ['keras-transformer', '--native-logs']\n"
+            "import keras_transformer\n"
+            "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL', 'unset'))\n")
+    # (TensorFlow's own import may set a level of its own; the quiet one is 3.)
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=environment)
+    assert result.returncode == 0 and result.stdout.strip() != "3", result.stderr
+    quiet = subprocess.run([sys.executable, "-c", code.replace(", '--native-logs'", "")],
+                           capture_output=True, text=True, timeout=120, env=environment)
+    assert quiet.stdout.strip() == "3", quiet.stderr
+
+
+def test_the_tokenized_period_warning_of_sacrebleu_is_filtered():
+    logs.quiet_native_logs()  # TensorFlow is loaded already: only the filters apply
+    logger = logging.getLogger("sacrebleu")
+    keep = logging.LogRecord("sacrebleu", logging.WARNING, __file__, 1,
+                             "It looks like you forgot to detokenize", None, None)
+    drop = logging.LogRecord("sacrebleu", logging.WARNING, __file__, 1,
+                             "That's 100 lines that end in a tokenized period ('.')", None, None)
+    assert logger.filter(keep) and not logger.filter(drop)

@@ -1,6 +1,7 @@
 """The `keras-transformer` command: translate, evaluate, plot, average, export and serve.
 
     keras-transformer translate runs/quickstart "kave tomi tozu"
+    keras-transformer translate runs/multi30k-de-en < test.de > hypotheses.en
     keras-transformer evaluate runs/multi30k-de-en --source test.de --reference test.en
     keras-transformer plot attention runs/quickstart "kave tomi tozu" --output-dir plots
     keras-transformer plot positions --output plots/positions.png
@@ -19,8 +20,12 @@ status 2.
 """
 
 import argparse
+import functools
+import itertools
 import os
+import re
 import sys
+import warnings
 
 
 def _translator(path, max_source_length=None):
@@ -32,13 +37,84 @@ def _translator(path, max_source_length=None):
                       max_source_length=max_source_length)
 
 
+# Lines translated together when reading a file or a pipe.
+_BATCH_SIZE = 32
+
+
 def _translate(args):
-    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
-    translations = _translator(args.model, args.max_source_length).translate(
-        sentences, beam_size=args.beam_size, alpha=args.alpha, batch_size=args.batch_size
-    )
-    for translation in translations:
-        print(translation)
+    if args.n_best is not None and args.n_best > args.beam_size:
+        raise ValueError(f"--n-best {args.n_best} is more than --beam-size {args.beam_size}: "
+                         "beam search keeps beam-size hypotheses, so raise --beam-size.")
+    translator = _translator(args.model, args.max_source_length)
+    batch_size = args.batch_size or _BATCH_SIZE
+    if args.sentences:
+        lines, unit = iter(args.sentences), "sentence"
+    else:
+        # Read at call time, so that a caller (or a test) may replace sys.stdin.
+        stdin, unit = sys.stdin, "line"
+        if _is_terminal(stdin):
+            # Someone types: translate each line as it is entered.
+            batch_size = args.batch_size or 1
+            print("Translating each line typed; end with Ctrl-D.", file=sys.stderr)
+        lines = _stream_lines(stdin)
+    search = dict(beam_size=args.beam_size, alpha=args.alpha)
+    _write_translations(translator, lines, sys.stdout, batch_size, args.n_best, search, unit)
+
+
+def _is_terminal(stream):
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _stream_lines(stream):
+    """The lines of `stream` as they arrive (`readline`, no read-ahead), each
+    without its line ending ("\n" or "\r\n"), nothing else stripped."""
+    for line in iter(stream.readline, ""):
+        if line.endswith("\r\n"):
+            line = line[:-2]
+        elif line.endswith("\n"):
+            line = line[:-1]
+        yield line
+
+
+def _write_translations(translator, lines, out, batch_size, n_best, search, unit):
+    """Reads `batch_size` lines at a time, translates them, writes one line
+    per line read (`n_best` lines in the n-best format) and flushes `out`
+    before reading on. Empty lines are not decoded."""
+    from keras_transformer.inference.translator import SourceTruncatedWarning
+
+    num_return = n_best or 1
+    first = 0  # the input number of the batch's first line
+    while batch := list(itertools.islice(lines, batch_size)):
+        rows = [row for row, line in enumerate(batch) if line]
+        with warnings.catch_warnings():
+            # Said below, with the input's own line numbers.
+            warnings.simplefilter("ignore", SourceTruncatedWarning)
+            translations, scores, truncated = translator.translate(
+                [batch[row] for row in rows], batch_size=batch_size, num_return=num_return,
+                return_scores=True, return_truncated=True, **search)
+        if num_return == 1:  # as n-best lists of one
+            translations = [[(text, score)] for text, score in zip(translations, scores)]
+        hypotheses = [[("", 0.0)] * num_return for _ in batch]  # (text, score) pairs
+        for row, row_hypotheses, cut in zip(rows, translations, truncated):
+            hypotheses[row] = row_hypotheses
+            if cut:
+                print(f"warning: {unit} {first + row + 1} is longer than max_source_length="
+                      f"{translator.max_source_length} (tokens + EOS); it was translated "
+                      "truncated to it", file=sys.stderr)
+        for index, row_hypotheses in enumerate(hypotheses, start=first):
+            if n_best is None:
+                out.write(_one_line(row_hypotheses[0][0]) + "\n")
+            else:
+                for text, score in row_hypotheses:
+                    out.write(f"{index}\t{score:.4f}\t{_one_line(text)}\n")
+        out.flush()
+        first += len(batch)
+
+
+def _one_line(text):
+    """`text` with any line break replaced by a space: one output line per input."""
+    return re.sub(r"[\r\n]+", " ", text)
 
 
 def _evaluate(args):
@@ -155,24 +231,61 @@ def _add_search_options(parser):
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
 
 
+_NATIVE_LOGS_HELP = "show TensorFlow's and absl's C++ log lines (hidden by default)"
+
+_TRANSLATE_DESCRIPTION = """\
+Translates the SENTENCES given or, without any, standard input line by line:
+one output line per input line, in order, written and flushed after every
+--batch-size lines, so it works in pipes, with paste and with sacrebleu.
+An empty line gives an empty line without running the model. A line longer
+than --max-source-length (tokens + EOS) is translated truncated to it, with a
+warning on stderr. Only the line ending ("\\n" or "\\r\\n") is stripped."""
+
+_TRANSLATE_EPILOG = """\
+--n-best N writes N lines per input, best first:
+  INDEX<TAB>SCORE<TAB>TRANSLATION
+INDEX is the input's line number counted from 0, SCORE is log P(Y|X) / lp(Y)
+with 4 decimals (§6.1), higher is better. An empty input line gives N lines
+with score 0.0000 and an empty translation.
+
+  keras-transformer translate runs/quickstart < test.src > test.hyp
+  keras-transformer translate runs/quickstart --n-best 4 < test.src | cut -f3"""
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
         description="Translate, evaluate, plot and average with keras-transformer models. "
                     "Train with python -m recipes.NAME.",
     )
+    parser.add_argument("--native-logs", action="store_true", help=_NATIVE_LOGS_HELP)
+    # Every command takes it after its name too; SUPPRESS keeps the value
+    # given before the name when it is not repeated.
+    native_logs = argparse.ArgumentParser(add_help=False)
+    native_logs.add_argument("--native-logs", action="store_true", default=argparse.SUPPRESS,
+                             help=_NATIVE_LOGS_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
+    command = functools.partial(commands.add_parser, parents=[native_logs])
 
-    translate = commands.add_parser("translate", help="translate sentences (or stdin lines)")
+    translate = command(
+        "translate", help="translate sentences (or stdin lines)",
+        description=_TRANSLATE_DESCRIPTION, epilog=_TRANSLATE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     translate.add_argument("model", help=".keras file or run directory")
-    translate.add_argument("sentences", nargs="*", help="sentences; read from stdin if none")
-    translate.add_argument("--batch-size", type=_positive_int, default=32,
-                           help="sentences decoded together")
+    translate.add_argument("sentences", nargs="*",
+                           help="sentences; standard input is read line by line if none")
+    translate.add_argument("--batch-size", type=_positive_int,
+                           help=f"lines decoded together (default: {_BATCH_SIZE}; 1 when "
+                                "standard input is a terminal)")
+    translate.add_argument("--n-best", type=_positive_int, metavar="N",
+                           help="write the N best hypotheses of each input as "
+                                "INDEX<TAB>SCORE<TAB>TRANSLATION lines (see below); "
+                                "N <= --beam-size")
     _add_search_options(translate)
     _add_source_limit(translate, _TRANSLATOR_LIMIT)
     translate.set_defaults(run=_translate)
 
-    evaluate = commands.add_parser("evaluate", help="translate a test set and report BLEU")
+    evaluate = command("evaluate", help="translate a test set and report BLEU")
     evaluate.add_argument("model", help=".keras file or run directory")
     evaluate.add_argument("--source", required=True, help="source sentences, one per line (.gz ok)")
     evaluate.add_argument("--reference", required=True, help="reference translations, aligned")
@@ -184,31 +297,32 @@ def build_parser():
     _add_source_limit(evaluate, _TRANSLATOR_LIMIT)
     evaluate.set_defaults(run=_evaluate)
 
-    plot = commands.add_parser("plot", help="draw a figure as a PNG file")
+    plot = command("plot", help="draw a figure as a PNG file")
     figures = plot.add_subparsers(dest="figure", required=True)
-    attention = figures.add_parser("attention", help="encoder, decoder and cross attention "
+    figure = functools.partial(figures.add_parser, parents=[native_logs])
+    attention = figure("attention", help="encoder, decoder and cross attention "
                                    "of one translated sentence, per layer and head")
     attention.add_argument("model", help=".keras file or run directory")
     attention.add_argument("sentence", help="the source sentence")
     attention.add_argument("--output-dir", default="plots", help="folder for the PNG files")
     _add_search_options(attention)
-    positions = figures.add_parser("positions", help="the §3.5 positional-encoding matrix")
+    positions = figure("positions", help="the §3.5 positional-encoding matrix")
     positions.add_argument("--output", default="plots/positions.png", help="PNG file")
     positions.add_argument("--length", type=_positive_int, default=100, help="positions drawn")
     positions.add_argument("--d-model", type=_positive_int, default=512, help="encoding width")
-    schedule = figures.add_parser("schedule", help="the §5.3 learning-rate schedule")
+    schedule = figure("schedule", help="the §5.3 learning-rate schedule")
     schedule.add_argument("--output", default="plots/schedule.png", help="PNG file")
     schedule.add_argument("--d-model", type=_positive_int, default=512, help="model width")
     schedule.add_argument("--warmup-steps", type=_positive_int, default=4000, help="warmup steps")
     schedule.add_argument("--num-steps", type=_positive_int, default=20000, help="steps drawn")
-    training = figures.add_parser("training", help="loss and accuracy curves of recipe runs")
+    training = figure("training", help="loss and accuracy curves of recipe runs")
     training.add_argument("runs", nargs="+", help="run directories (or training_log.csv files)")
     training.add_argument("--output", default="plots/training.png", help="PNG file")
     training.add_argument("--steps-per-window", type=_positive_int,
                           help="the runs' --checkpoint-every, to count optimizer steps")
     plot.set_defaults(run=_plot)
 
-    average = commands.add_parser("average", help="average checkpoints into one model (§6.1)")
+    average = command("average", help="average checkpoints into one model (§6.1)")
     average.add_argument("checkpoints", nargs="*", help=".keras files to average")
     average.add_argument("--run-dir", help="average this run's newest checkpoints")
     average.add_argument("--last", type=_positive_int, default=5,
@@ -219,7 +333,7 @@ def build_parser():
     from keras_transformer.inference.serving import BatchingParameters, ServerOptions
 
     defaults, batching = ServerOptions(), BatchingParameters()
-    export = commands.add_parser(
+    export = command(
         "export", help="write a TensorFlow SavedModel (strings in, translations out) to "
                        "EXPORT_BASE/VERSION/")
     export.add_argument("model", help=".keras file with its tokenizer beside it, or run "
@@ -240,7 +354,7 @@ def build_parser():
     export.add_argument("--quiet", action="store_true", help="print nothing on success")
     export.set_defaults(run=_export)
 
-    serve = commands.add_parser(
+    serve = command(
         "serve", help="serve a SavedModel over HTTP with TensorFlow Serving's REST API")
     serve.add_argument("saved_model", help="saved_models/NAME (its highest version is served, "
                                            "new versions are picked up) or a version folder")
@@ -300,13 +414,30 @@ def main(argv=None):
     check_backend()
     parser = build_parser()
     args = parser.parse_args(argv)
+    from keras_transformer.logs import quiet_native_logs
+
+    quiet_native_logs(args.native_logs)
     if args.command == "average" and bool(args.checkpoints) == bool(args.run_dir):
         parser.error("average: give either checkpoint files or --run-dir")
     try:
         args.run(args)
+    except BrokenPipeError:
+        # The reader of stdout has gone (`| head`): stop quietly, as Unix tools do.
+        _discard_stdout()
+        sys.exit(1)
     except (FileNotFoundError, FileExistsError, ValueError, TypeError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+
+
+def _discard_stdout():
+    """Points file descriptor 1 at the null device, so that the interpreter's
+    last flush of stdout at exit does not fail on the closed pipe again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file
+        pass
 
 
 if __name__ == "__main__":

@@ -61,9 +61,16 @@ def started_as_command_line(argv=None, orig_argv=None):
 def quiet_command_line(argv=None):
     """`quiet_native_logs()` for the project's command lines, unless
     `--native-logs` is among their arguments; nothing for other programs."""
+    from keras_transformer.backend import check_backend_name
+
     argv = sys.argv if argv is None else argv
-    if started_as_command_line(argv) and "--native-logs" not in argv[1:]:
-        quiet_native_logs()
+    if not started_as_command_line(argv) or "--native-logs" in argv[1:]:
+        return
+    try:
+        check_backend_name(os.environ.get("KERAS_BACKEND"))
+    except ValueError:
+        return  # TensorFlow would fail to import Keras; the command line says why
+    quiet_native_logs()
 
 
 def quiet_native_logs(native_logs=False):
@@ -85,7 +92,7 @@ def quiet_native_logs(native_logs=False):
     with stderr_set_aside():
         try:
             import tensorflow as tf
-        except ImportError:  # the backends that need it will say so
+        except Exception:  # noqa: BLE001  the code that needs it will raise, unquieted
             return
         tf.config.list_physical_devices()  # loads the device plugins, which log too
 

@@ -1,6 +1,8 @@
 """Tests of the keras-transformer command line."""
 
+import io
 import os
+import re
 import subprocess
 import sys
 
@@ -8,27 +10,131 @@ import keras
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import cli
+from keras_transformer import cli, logs, run_dir as run_dirs
+from keras_transformer.inference import Translator
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.tokenizers import SubwordTokenizer
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def run_dir(tmp_path):
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
     """A run directory as a recipe leaves it: model.keras with tokenizer/ beside it."""
+    path = tmp_path_factory.mktemp("run")
+    keras.utils.set_random_seed(0)
     corpus = synthetic_translation(300, seed=0)
     tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=320)
-    tokenizer.save(str(tmp_path / "tokenizer"))
+    tokenizer.save(str(path / "tokenizer"))
     config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, num_layers=1)
-    kt.Transformer(config).save(tmp_path / "model.keras")
-    return tmp_path
+    kt.Transformer(config).save(path / "model.keras")
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded(run_dir):
+    """The run's model and tokenizer, loaded once: the tests that hand it to
+    the command line share its compiled searches."""
+    model, tokenizer, _ = run_dirs.load_translation_model(str(run_dir))
+    return model, tokenizer
+
+
+@pytest.fixture
+def command_line(loaded, monkeypatch):
+    """Runs `cli.main` with the loaded model (whatever MODEL it is given) and
+    `stdin` (text or a stream) as standard input; returns (stdout, stderr)."""
+    model, tokenizer = loaded
+
+    def translator(path, max_source_length=None):
+        return Translator(model, tokenizer, max_source_length=max_source_length)
+
+    monkeypatch.setattr(cli, "_translator", translator)
+
+    def run(argv, stdin="", stdout=None):
+        stdout = io.StringIO() if stdout is None else stdout
+        stderr = io.StringIO()
+        with monkeypatch.context() as patch:
+            patch.setattr(sys, "stdin", io.StringIO(stdin) if isinstance(stdin, str) else stdin)
+            patch.setattr(sys, "stdout", stdout)
+            patch.setattr(sys, "stderr", stderr)
+            cli.main(argv)
+        return stdout.getvalue(), stderr.getvalue()
+
+    return run
+
+
+# Beam size 2 and batches of 2 everywhere: few compiled shapes for the module.
+SEARCH = ["--beam-size", "2", "--batch-size", "2"]
+LINES = ["kave tomi", "", "sipe", "tozu kave sipe", "kave"]
 
 
 def test_translate_prints_one_line_per_sentence(run_dir, capsys):
     cli.main(["translate", str(run_dir), "kave tomi", "sipe", "--beam-size", "2"])
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_stdin_gives_one_line_per_line_in_order_as_arguments_do(command_line):
+    from_arguments, _ = command_line(["translate", "run", *LINES, *SEARCH])
+    # \r\n endings, and a last line without any, read like the rest.
+    stdin = "kave tomi\r\n\nsipe\ntozu kave sipe\r\nkave"
+    from_stdin, err = command_line(["translate", "run", *SEARCH], stdin=stdin)
+    assert from_stdin == from_arguments and err == ""
+    lines = from_stdin.split("\n")
+    assert len(lines) == len(LINES) + 1 and lines[-1] == ""  # each line ends in "\n"
+    assert lines[1] == "" and all(lines[i] for i in (0, 2, 3, 4))
+    assert command_line(["translate", "run", *SEARCH], stdin="") == ("", "")
+
+
+def test_n_best_writes_index_score_and_translation_per_hypothesis(command_line):
+    best, _ = command_line(["translate", "run", *SEARCH], stdin="\n".join(LINES) + "\n")
+    n_best, _ = command_line(["translate", "run", *SEARCH, "--n-best", "2"],
+                             stdin="\n".join(LINES) + "\n")
+    rows = [re.fullmatch(r"(\d+)\t(-?\d+\.\d{4})\t(.*)", line).groups()
+            for line in n_best.splitlines()]
+    assert [int(index) for index, _, _ in rows] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert rows[2:4] == [("1", "0.0000", "")] * 2  # the empty line
+    scores = [float(score) for _, score, _ in rows]
+    assert all(scores[i] >= scores[i + 1] for i in range(0, 10, 2)), "best first"
+    assert [text for _, _, text in rows[::2]] == best.splitlines()
+
+
+def test_each_batch_is_written_and_flushed_before_more_is_read(command_line):
+    events = []
+
+    class Stdin(io.StringIO):
+        def readline(self, *args):
+            line = super().readline(*args)
+            if line:
+                events.append("read")
+            return line
+
+    class Terminal(Stdin):
+        def isatty(self):
+            return True
+
+    class Stdout(io.StringIO):
+        def flush(self):
+            events.append(f"flush {self.getvalue().count(chr(10))}")  # lines written
+
+    text = "\n".join(LINES) + "\n"
+    command_line(["translate", "run", *SEARCH], stdin=Stdin(text), stdout=Stdout())
+    assert events == ["read", "read", "flush 2", "read", "read", "flush 4", "read", "flush 5"]
+    # At a terminal, each line is translated as soon as it is typed.
+    events.clear()
+    _, err = command_line(["translate", "run", "--beam-size", "2"], stdin=Terminal(text),
+                          stdout=Stdout())
+    assert events == [event for lines in range(1, 6) for event in ("read", f"flush {lines}")]
+    assert "Ctrl-D" in err
+
+
+def test_over_long_lines_are_truncated_with_a_warning_naming_the_line(command_line):
+    long_line = " ".join(["kave tomi tozu sipe"] * 3)
+    out, err = command_line(["translate", "run", *SEARCH, "--max-source-length", "4"],
+                            stdin=f"kave\n\n{long_line}\n")
+    assert len(out.splitlines()) == 3
+    assert err.strip().splitlines() == [
+        "warning: line 3 is longer than max_source_length=4 (tokens + EOS); it was "
+        "translated truncated to it"]
 
 
 def test_evaluate_writes_hypotheses_and_reports_bleu(run_dir, tmp_path, capsys):
@@ -77,6 +183,8 @@ def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
      "error: No such file: 'a.de'."),
     (["average", "no-such-checkpoint.keras"], "error: "),
     (["serve", "no/such/dir"], "error: No SavedModel directory"),
+    (["translate", "no/such/run", "--n-best", "5"],
+     "error: --n-best 5 is more than --beam-size 4"),
 ])
 def test_command_line_mistakes_print_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -84,6 +192,23 @@ def test_command_line_mistakes_print_one_line(argv, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, native_logs", [
+    (["translate", "no/such/run", "hallo"], False),
+    (["--native-logs", "translate", "no/such/run", "hallo"], True),
+    (["translate", "no/such/run", "hallo", "--native-logs"], True),
+    (["plot", "positions", "--native-logs", "--output", "no/such/dir/x.png"], True),
+])
+def test_native_logs_are_hidden_unless_asked_for(argv, native_logs, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(logs, "quiet_native_logs", calls.append)
+    monkeypatch.setattr(cli, "_plot", lambda args: None)
+    try:
+        cli.main(argv)
+    except SystemExit:
+        pass
+    assert calls == [native_logs]
 
 
 def test_command_line_rejects_bad_numbers(capsys):

@@ -5,6 +5,7 @@ from keras_transformer.inference.decoding import (
     greedy_search,
     length_penalty,
 )
-from keras_transformer.inference.translator import Translator
+from keras_transformer.inference.translator import SourceTruncatedWarning, Translator
 
-__all__ = ["Translator", "beam_search", "greedy_search", "length_penalty"]
+__all__ = ["SourceTruncatedWarning", "Translator", "beam_search", "greedy_search",
+           "length_penalty"]

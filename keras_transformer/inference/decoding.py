@@ -29,13 +29,15 @@ __all__ = ["LENGTH_OFFSET", "beam_search", "check_model", "check_search_options"
            "greedy_search", "length_penalty", "source_width", "traced_search"]
 
 
-def check_search_options(beam_size=4, alpha=0.6, max_output_length=None):
+def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_return=1):
     """Raises a ValueError that names a bad search setting.
 
     Args:
         beam_size: A positive integer (4 in §6.1).
         alpha: The length penalty's α, a number >= 0 (0.6 in §6.1).
         max_output_length: A positive integer, or None for source length + 50.
+        num_return: Hypotheses returned per sentence, a positive integer no
+            larger than `beam_size`.
     """
     validation.check_positive_int("beam_size", beam_size, "4 in §6.1")
     validation.check_non_negative_number(
@@ -44,6 +46,12 @@ def check_search_options(beam_size=4, alpha=0.6, max_output_length=None):
         validation.check_positive_int(
             "max_output_length", max_output_length,
             f"or None for source length + {LENGTH_OFFSET} (§6.1)")
+    validation.check_positive_int("num_return", num_return, "1 for the best hypothesis only")
+    if num_return > beam_size:
+        raise ValueError(
+            f"num_return={num_return} is more than beam_size={beam_size}: beam search "
+            f"finishes at most beam_size hypotheses a step, so raise beam_size to at least "
+            f"{num_return} or ask for fewer.")
 
 
 def check_model(model):
@@ -92,23 +100,26 @@ def greedy_search(model, source_ids, bos_id, eos_id, max_output_length=None):
 
 
 def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
-                max_output_length=None):
+                max_output_length=None, num_return=1):
     """Beam search with the §6.1 length penalty, batched over sentences.
 
     Keeps the `beam_size` most probable unfinished hypotheses ("alive") per
     sentence. At each step it extends them by every token and ranks the
     2·beam_size most probable extensions. Those among the best `beam_size`
     that end (in EOS, or at the length limit) are finished and scored by
-    log P / lp(Y); the best finished hypothesis so far is kept. The best
+    log P / lp(Y); the best finished hypothesis so far is kept (the
+    `num_return` best for an n-best list). The best
     `beam_size` extensions that do not end stay alive (ranking 2·beam_size
     guarantees there are enough of them). An extension that ends outside the
     best `beam_size` is pruned like any other, so `beam_size=1` with `alpha=0`
     is exactly greedy search.
 
     A sentence is done when no alive hypothesis can beat its best finished
-    one any more: log-probabilities only fall as a hypothesis grows and lp(Y)
-    is at most lp(limit), so for α ≥ 0 this early stop never changes the
-    result. The padding and BOS ids are never generated.
+    one (its `num_return`-th best) any more: log-probabilities only fall as a
+    hypothesis grows and lp(Y) is at most lp(limit), so for α ≥ 0 this early
+    stop never changes the result. Of two hypotheses with equal scores, the
+    one that finished first ranks first. The padding and BOS ids are never
+    generated.
 
     Args:
         model: A `keras_transformer.Transformer`.
@@ -122,27 +133,34 @@ def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
             None means each sentence's source length (its non-padding tokens)
             + 50, as in §6.1. With learned position embeddings it is further
             capped at `model.config.max_length`.
+        num_return: How many of the best finished hypotheses to return per
+            sentence (n-best), from 1 to `beam_size`.
 
     Returns:
         `(token_ids, scores)` as NumPy arrays: (batch, L) int32 ids of the best
         finished hypothesis after BOS, up to and including EOS, then padding,
         with L the longest hypothesis in the batch; and (batch,) float32 scores
-        log P(Y | X) / lp(Y).
+        log P(Y | X) / lp(Y). With `num_return > 1`: (batch, num_return, L)
+        ids and (batch, num_return) scores, best first. Should a sentence
+        finish fewer hypotheses (only with a vocabulary of very few tokens),
+        the missing ones score -inf and hold padding only.
 
     Example:
 
     >>> ids, scores = beam_search(model, source_ids, bos_id=2, eos_id=3,
     ...                           beam_size=4, alpha=0.6)
+    >>> n_best_ids, n_best_scores = beam_search(model, source_ids, 2, 3, num_return=4)
     """
-    check_search_options(beam_size, alpha, max_output_length)
+    check_search_options(beam_size, alpha, max_output_length, num_return)
     return _search(model, source_ids, bos_id, eos_id, max_output_length, int(beam_size),
-                   float(alpha))
+                   float(alpha), int(num_return))
 
 
 # The Python entry: checks, NumPy in and out, compiled functions per setting.
 
 
-def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alpha):
+def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alpha,
+            num_return=1):
     check_model(model)
     config = model.config
     vocab_size = config.resolved_target_vocab_size
@@ -170,16 +188,17 @@ def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alp
             f"position embeddings cover max_length={positions}: remove trailing "
             "padding, or truncate or split the sentences."
         )
+    n_best = () if num_return == 1 else (num_return,)
     if source_ids.shape[0] == 0:
-        return np.zeros((0, 0), "int32"), np.zeros((0,), "float32")
+        return np.zeros((0, *n_best, 0), "int32"), np.zeros((0, *n_best), "float32")
 
-    function = _compiled_search(model, beam_size, max_output_length)
+    function = _compiled_search(model, beam_size, max_output_length, num_return)
     token_ids, scores = function(
         source_ids, np.array([bos_id, eos_id], "int32"), np.float32(alpha))
     token_ids = ops.convert_to_numpy(token_ids).astype("int32")
     scores = ops.convert_to_numpy(scores).astype("float32")
-    lengths = np.sum(token_ids != config.pad_id, axis=1)
-    return token_ids[:, : int(lengths.max(initial=0))], scores
+    lengths = np.sum(token_ids != config.pad_id, axis=-1)
+    return token_ids[..., : int(lengths.max(initial=0))], scores
 
 
 def _as_int_matrix(values, name, vocab_size):
@@ -212,20 +231,20 @@ def _as_int_matrix(values, name, vocab_size):
     return values.astype("int32")
 
 
-# One dict of compiled searches per model, keyed by (beam_size, max_output_length):
-# the settings that shape the graph. Ids and α are arguments, so changing them
+# One dict of compiled searches per model, keyed by (beam_size,
+# max_output_length, num_return): the settings that shape the graph. Ids and α are arguments, so changing them
 # compiles nothing new. The functions reach the model through a weak
 # reference, so the cache does not keep it alive.
 _COMPILED = weakref.WeakKeyDictionary()
 
 
-def _compiled_search(model, beam_size, max_output_length):
+def _compiled_search(model, beam_size, max_output_length, num_return=1):
     functions = _COMPILED.setdefault(model, {})
-    key = (beam_size, max_output_length)
+    key = (beam_size, max_output_length, num_return)
     if key not in functions:
         def search(model, source_ids, special_ids, alpha):
             return traced_search(model, source_ids, special_ids, alpha, beam_size,
-                                 max_output_length)
+                                 max_output_length, num_return)
 
         functions[key] = backend.compile_inference(weakref.ref(model), search)
     return functions[key]

@@ -188,7 +188,7 @@ def _maximum(a, b):
 
 
 def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
-                  max_output_length=None):
+                  max_output_length=None, num_return=1):
     """The search as `keras.ops` on tensors: what is compiled and exported.
 
     `greedy_search` and `beam_search` compile this function per backend; the
@@ -202,17 +202,22 @@ def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
         alpha: Scalar float32, α of the length penalty (unused by greedy search).
         beam_size: Hypotheses kept per sentence, or None for greedy search.
         max_output_length: As in `beam_search`.
+        num_return: Finished hypotheses returned per sentence by beam search,
+            1 <= num_return <= beam_size (unused by greedy search).
 
     Returns:
         `(token_ids, scores)`: (batch, buffer_length) int32 ids after BOS,
-        padded with `pad_id`, and (batch,) float32 scores.
+        padded with `pad_id`, and (batch,) float32 scores; with
+        `num_return > 1`, (batch, num_return, buffer_length) ids and
+        (batch, num_return) scores, best first.
     """
     config = model.config
     buffer_length, limits = output_limits(
         source_ids, config.pad_id, max_output_length, position_limit(config))
     if beam_size is None:
         return _greedy_loop(model, source_ids, limits, special_ids, buffer_length)
-    return _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length)
+    return _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length,
+                      num_return)
 
 
 # The search loops: backend-agnostic, keras.ops only, fixed shapes.
@@ -280,7 +285,8 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length):
     return sequences[:, 1:], scores
 
 
-def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length):
+def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length,
+               num_return=1):
     pad_id = model.config.pad_id
     bos_id, eos_id = special_ids[0], special_ids[1]
     batch_size = ops.shape(source_ids)[0]
@@ -304,8 +310,10 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     alive_log_probs = ops.broadcast_to(
         ops.where(first_beam, 0.0, _NEG_INF)[None, :], (batch_size, beam_size)
     )
-    finished_sequences = ops.zeros((batch_size, width), "int32")
-    finished_scores = ops.full((batch_size,), _NEG_INF, "float32")
+    # The num_return best finished hypotheses of each sentence, best first;
+    # a slot nothing has finished into yet scores -inf and holds padding.
+    finished_sequences = ops.zeros((batch_size, num_return, width), "int32")
+    finished_scores = ops.full((batch_size, num_return), _NEG_INF, "float32")
     batch_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
     max_penalty = length_penalty(limits, alpha)
 
@@ -316,9 +324,10 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
 
     def cond(index, alive_sequences, alive_log_probs, finished_sequences,
              finished_scores, self_cache):
-        # The best score an alive hypothesis could still reach.
+        # A sentence is decided when the best score an alive hypothesis could
+        # still reach does not beat its num_return-th finished one.
         best_possible = alive_log_probs[:, 0] / max_penalty
-        undecided = ops.any(ops.less(finished_scores, best_possible))
+        undecided = ops.any(ops.less(finished_scores[:, num_return - 1], best_possible))
         return ops.logical_and(ops.less(index, buffer_length), undecided)
 
     def body(index, alive_sequences, alive_log_probs, finished_sequences,
@@ -348,20 +357,20 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
             ops.greater_equal(index + 1, limits)[:, None],
         )
 
-        # The best candidate that ends within the beam replaces the finished
-        # hypothesis if it scores higher.
-        in_beam = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
+        # The candidates that end within the best beam_size compete with the
+        # finished hypotheses for the num_return places; a tie keeps the
+        # hypothesis that finished first.
         ended_scores = ops.where(
-            ops.logical_and(ends, in_beam),
-            top_log_probs / length_penalty(index + 1, alpha),
+            ends[:, :beam_size],
+            top_log_probs[:, :beam_size] / length_penalty(index + 1, alpha),
             _NEG_INF,
         )
-        best = ops.cast(ops.argmax(ended_scores, axis=1), "int32")
-        best_scores = ops.max(ended_scores, axis=1)
-        improves = ops.greater(best_scores, finished_scores)
-        best_sequences = ops.take_along_axis(top_sequences, best[:, None, None], axis=1)[:, 0]
-        finished_sequences = ops.where(improves[:, None], best_sequences, finished_sequences)
-        finished_scores = ops.where(improves, best_scores, finished_scores)
+        pool_scores = ops.concatenate([finished_scores, ended_scores], axis=1)
+        pool_sequences = ops.concatenate(
+            [finished_sequences, top_sequences[:, :beam_size]], axis=1)
+        best = _best_first(pool_scores, num_return)
+        finished_scores = ops.take_along_axis(pool_scores, best, axis=1)
+        finished_sequences = ops.take_along_axis(pool_sequences, best[:, :, None], axis=1)
 
         # The best beam_size candidates that do not end stay alive.
         alive_log_probs, keep = ops.top_k(
@@ -378,7 +387,30 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     state = (ops.convert_to_tensor(0, "int32"), alive_sequences, alive_log_probs,
              finished_sequences, finished_scores, cache["self"])
     state = ops.while_loop(cond, body, state)
-    finished_sequences, finished_scores = state[3], state[4]
-    return finished_sequences[:, 1:], finished_scores
+    finished_sequences, finished_scores = state[3][:, :, 1:], state[4]
+    if num_return == 1:
+        return finished_sequences[:, 0], finished_scores[:, 0]
+    return finished_sequences, finished_scores
 
 
+def _best_first(scores, k):
+    """(batch, k) int32 indices of the k highest scores of each row, best
+    first; of equal scores, the one at the lower index comes first.
+
+    `ops.top_k` leaves the order of equal values to the backend (PyTorch's
+    CPU kernel returns them in no particular order). Ranking every pair of a
+    row fixes it on all three, and the rows are short (num_return + beam_size
+    scores).
+    """
+    size = ops.shape(scores)[1]
+    positions = ops.arange(size, dtype="int32")
+    higher = ops.greater(scores[:, None, :], scores[:, :, None])
+    equal_and_before = ops.logical_and(
+        ops.equal(scores[:, None, :], scores[:, :, None]),
+        ops.less(positions[None, :], positions[:, None])[None],
+    )
+    # rank[b, i]: how many scores of row b come before score i (0 is the best).
+    rank = ops.sum(ops.cast(ops.logical_or(higher, equal_and_before), "int32"), axis=2)
+    slots = ops.arange(k, dtype="int32")
+    at_slot = ops.cast(ops.equal(rank[:, None, :], slots[None, :, None]), "int32")
+    return ops.cast(ops.argmax(at_slot, axis=2), "int32")

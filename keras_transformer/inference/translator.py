@@ -4,8 +4,8 @@
 a target tokenizer for separate vocabularies): it tokenizes the sentences,
 appends the end-of-sentence id (the encoder input, no BOS), sorts them by
 length so that each batch holds sentences of similar length, runs
-`beam_search` batch by batch, and detokenizes the best hypotheses back into
-the caller's order.
+`beam_search` batch by batch, and detokenizes the best hypotheses (or the
+n best of each sentence) back into the caller's order.
 
 Tokenizers are duck-typed. They need the attributes `pad_id`, `bos_id`,
 `eos_id` and `vocab_size`, `tokenize(list_of_str) -> list[list[int]]` (ids
@@ -22,8 +22,15 @@ from keras_transformer import validation
 from keras_transformer.inference.decoding import beam_search, check_model, check_search_options
 from keras_transformer.inference.search import source_limit, source_width, truncate_source
 
+__all__ = ["SourceTruncatedWarning", "Translator"]
+
 _TOKENIZER_ATTRIBUTES = ("pad_id", "bos_id", "eos_id", "vocab_size")
 _TOKENIZER_METHODS = ("tokenize", "detokenize")
+
+
+class SourceTruncatedWarning(UserWarning):
+    """Some sentences were longer than `Translator.max_source_length` and were
+    translated truncated to it (filter it with `warnings.simplefilter`)."""
 
 
 class Translator:
@@ -33,10 +40,11 @@ class Translator:
     tokenizes to no ids (e.g. an empty string) translates to "" with score 0.0
     and no ids, without running the model. A sentence longer than
     `max_source_length` (ids + EOS) is truncated to its first tokens and EOS,
-    translated, flagged (`return_truncated`) and named in a warning; it never
-    fails the other sentences. The exported SavedModel applies the same rule
-    at its own limit, its longest compiled width (by default
-    `config.max_length`; see `keras_transformer.inference.shapes`).
+    translated, flagged (`return_truncated`) and named in a
+    `SourceTruncatedWarning`; it never fails the other sentences. The
+    exported SavedModel applies the same rule at its own limit, its longest
+    compiled width (by default `config.max_length`; see
+    `keras_transformer.inference.shapes`).
 
     Args:
         model: A trained `keras_transformer.Transformer`.
@@ -58,6 +66,8 @@ class Translator:
     >>> translator.translate(["Ein Mann fährt Fahrrad."])
     ['A man rides a bike.']
     >>> texts, scores = translator.translate(["Ein Hund."], return_scores=True)
+    >>> translator.translate(["Ein Hund."], num_return=2)  # the 2 best of the beam
+    [[('A dog.', -0.21), ('One dog.', -0.93)]]
     """
 
     def __init__(self, model, tokenizer, target_tokenizer=None, max_source_length=None):
@@ -128,6 +138,7 @@ class Translator:
                 f"to it, the first being sentence {first} "
                 f"({len(tokenized[first])} tokens + EOS). Split long sentences, or give "
                 "Translator a larger max_source_length where the model's positions allow.",
+                SourceTruncatedWarning,
                 stacklevel=3,
             )
         return (sources, truncated) if return_truncated else sources
@@ -143,6 +154,7 @@ class Translator:
         return_ids=False,
         return_truncated=False,
         verbose=0,
+        num_return=1,
     ):
         """Translates a list of sentences.
 
@@ -161,19 +173,28 @@ class Translator:
             return_truncated: Whether to also return a bool per sentence,
                 true where the source was truncated to `max_source_length`.
             verbose: 1 shows a progress bar, 0 is silent.
+            num_return: Translations per sentence (an n-best list), from 1 to
+                `beam_size`.
 
         Returns:
             The list of translations, in the order of `sentences`; with any
             of the `return_*` flags, the tuple
             `(translations, scores, ids, truncated)` without the parts not
-            asked for.
+            asked for. With `num_return > 1`, each sentence's translation is
+            a list of `num_return` `(translation, score)` pairs, best first,
+            and its scores and ids are lists of `num_return` too. An empty
+            sentence gives `num_return` times `("", 0.0)`; a hypothesis the
+            search could not fill (only with a vocabulary of very few tokens)
+            is `("", -inf)`.
         """
         validation.check_positive_int("batch_size", batch_size)
-        check_search_options(beam_size, alpha, max_output_length)
+        check_search_options(beam_size, alpha, max_output_length, num_return)
         sources, truncated = self.source_ids(sentences, return_truncated=True)
         count = len(sources)
-        output_ids = [[] for _ in range(count)]
-        scores = np.zeros((count,), "float32")
+        # One row of num_return hypotheses per sentence; with num_return=1,
+        # the row is unpacked again below.
+        output_ids = [[[] for _ in range(num_return)] for _ in range(count)]
+        scores = np.zeros((count, num_return), "float32")
 
         # Longest first, so a batch holds similar lengths and little padding.
         order = sorted((i for i in range(count) if sources[i]), key=lambda i: -len(sources[i]))
@@ -189,11 +210,15 @@ class Translator:
                 beam_size=beam_size,
                 alpha=alpha,
                 max_output_length=max_output_length,
+                num_return=num_return,
             )
+            ids = ids.reshape(len(rows), num_return, ids.shape[-1])
+            batch_scores = batch_scores.reshape(len(rows), num_return)
             pad_id = self._model.config.pad_id
-            for row, hypothesis, score in zip(rows, ids, batch_scores):
-                output_ids[row] = [int(t) for t in hypothesis if t != pad_id]
-                scores[row] = score
+            for row, hypotheses, row_scores in zip(rows, ids, batch_scores):
+                output_ids[row] = [[int(t) for t in hypothesis if t != pad_id]
+                                   for hypothesis in hypotheses]
+                scores[row] = row_scores
             done += len(rows)
             if progress is not None:
                 progress.update(done)
@@ -201,13 +226,22 @@ class Translator:
             progress.update(count)
 
         eos_id = self._target_tokenizer.eos_id
-        translations = self._target_tokenizer.detokenize(
-            [[t for t in ids if t != eos_id] for ids in output_ids]
-        )
-        translations = [str(text) for text in translations]
+        flat_ids = [ids for row in output_ids for ids in row]
+        texts = self._target_tokenizer.detokenize([[t for t in ids if t != eos_id]
+                                                   for ids in flat_ids])
+        texts = [str(text) for text in texts]
+        row_scores = [[float(s) for s in row] for row in scores]
+        if num_return == 1:
+            translations = texts
+            row_scores = [row[0] for row in row_scores]
+            output_ids = [row[0] for row in output_ids]
+        else:
+            groups = [texts[i : i + num_return] for i in range(0, len(texts), num_return)]
+            translations = [list(zip(group, group_scores))
+                            for group, group_scores in zip(groups, row_scores)]
         results = [translations]
         if return_scores:
-            results.append([float(s) for s in scores])
+            results.append(row_scores)
         if return_ids:
             results.append(output_ids)
         if return_truncated:

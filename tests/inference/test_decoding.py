@@ -12,6 +12,7 @@ from helpers import tiny_model
 from keras import ops
 
 from keras_transformer.inference import beam_search, greedy_search, length_penalty
+from keras_transformer.inference.search import _best_first
 from keras_transformer.training.toy_tasks import ToyVocabulary
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -143,11 +144,57 @@ def test_wide_beam_finds_the_exhaustive_best(overrides):
         # A step has at most 3^2 alive hypotheses x 4 tokens = 36 candidates.
         ids, scores = beam_search(model, source, BOS, EOS, beam_size=36, alpha=alpha,
                                   max_output_length=max_length)
+        n_best_ids, n_best_scores = beam_search(model, source, BOS, EOS, beam_size=36,
+                                                alpha=alpha, max_output_length=max_length,
+                                                num_return=5)
         for row, (row_log_probs, lengths) in enumerate(log_probs):
             normalized = row_log_probs / ops.convert_to_numpy(length_penalty(lengths, alpha))
             best = int(np.argmax(normalized))
             assert strip(ids)[row] == candidates[best], f"alpha={alpha}, sentence {row}"
             np.testing.assert_allclose(scores[row], normalized[best], rtol=1e-5)
+            # The n-best list is the exhaustive top 5, in order: the early stop
+            # waits for the 5th as it waits for the best.
+            top = np.argsort(-normalized)[:5]
+            assert strip(n_best_ids[row]) == [candidates[i] for i in top], f"alpha={alpha}"
+            np.testing.assert_allclose(n_best_scores[row], normalized[top], rtol=1e-5)
+
+
+def test_n_best_hypotheses_are_distinct_best_first_and_led_by_the_best(model):
+    source = source_batch()
+    ids, scores = beam_search(model, source, BOS, EOS, beam_size=4, max_output_length=8)
+    assert ids.ndim == 2 and scores.shape == (3,)
+    one_ids, one_scores = beam_search(model, source, BOS, EOS, beam_size=4,
+                                      max_output_length=8, num_return=1)
+    np.testing.assert_array_equal(one_ids, ids)
+    np.testing.assert_array_equal(one_scores, scores)
+
+    n_best_ids, n_best_scores = beam_search(model, source, BOS, EOS, beam_size=4,
+                                            max_output_length=8, num_return=4)
+    assert n_best_ids.shape[:2] == (3, 4) and n_best_scores.shape == (3, 4)
+    assert n_best_ids.dtype == np.int32 and n_best_scores.dtype == np.float32
+    assert np.all(np.isfinite(n_best_scores))
+    assert np.all(np.diff(n_best_scores, axis=1) <= 0), "best first"
+    for row in range(3):
+        hypotheses = strip(n_best_ids[row])
+        assert len({tuple(h) for h in hypotheses}) == 4, "distinct hypotheses"
+        assert hypotheses[0] == strip(ids)[row]
+        # Each score is its own hypothesis's log P / lp(Y), by a full forward pass.
+        log_probs, lengths = sequence_log_probs(model, source[row], hypotheses, bos_id=BOS)
+        np.testing.assert_allclose(
+            n_best_scores[row], log_probs / ops.convert_to_numpy(length_penalty(lengths, 0.6)),
+            rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(n_best_scores[:, 0], scores, rtol=1e-6)
+
+
+def test_equal_scores_rank_in_the_order_they_came_on_every_backend():
+    # ops.top_k leaves ties to the backend; the n-best merge must not, so that
+    # a hypothesis finished earlier keeps its place against an equal newcomer.
+    scores = np.array([[-1.0, -2.0, -1.0, -np.inf, -0.5, -np.inf],
+                       [-np.inf, -np.inf, -3.0, -3.0, -3.0, -3.0]], "float32")
+    best = ops.convert_to_numpy(_best_first(scores, 4))
+    np.testing.assert_array_equal(best, [[4, 0, 2, 1], [2, 3, 4, 5]])
+    np.testing.assert_array_equal(ops.convert_to_numpy(_best_first(scores, 6))[:, 4:],
+                                  [[3, 5], [0, 1]])
 
 
 def test_batched_search_equals_one_sentence_at_a_time(model):
@@ -266,6 +313,10 @@ def test_bad_token_ids_are_rejected_before_decoding(model, source_ids, message):
     (dict(max_output_length=0), "max_output_length=0 must be a positive integer"),
     (dict(eos_id=VOCABULARY.pad_id), "equals the padding id"),
     (dict(bos_id=99), "bos_id=99 must be an integer id of the target vocabulary"),
+    (dict(num_return=0), "num_return=0 must be a positive integer"),
+    (dict(num_return=2.0), "num_return=2.0 must be a positive integer"),
+    (dict(num_return=True), "num_return=True must be a positive integer"),
+    (dict(num_return=5), "num_return=5 is more than beam_size=4: .* raise beam_size"),
 ])
 def test_bad_search_options_say_what_to_pass(model, options, message):
     arguments = dict(bos_id=BOS, eos_id=EOS)
@@ -277,6 +328,8 @@ def test_bad_search_options_say_what_to_pass(model, options, message):
 def test_an_empty_batch_decodes_to_an_empty_result(model):
     ids, scores = greedy_search(model, np.zeros((0, 4), "int32"), bos_id=BOS, eos_id=EOS)
     assert ids.shape == (0, 0) and scores.shape == (0,)
+    ids, scores = beam_search(model, np.zeros((0, 4), "int32"), BOS, EOS, num_return=3)
+    assert ids.shape == (0, 3, 0) and scores.shape == (0, 3)
 
 
 
@@ -296,7 +349,9 @@ model = keras.saving.load_model(sys.argv[1])
 source = np.load(sys.argv[2])
 ids, scores = beam_search(model, source, bos_id=int(sys.argv[4]), eos_id=int(sys.argv[5]),
                           beam_size=4, alpha=0.6)
-np.savez(sys.argv[3], ids=ids, scores=scores)
+n_best_ids, n_best_scores = beam_search(model, source, int(sys.argv[4]), int(sys.argv[5]),
+                                        beam_size=4, alpha=0.6, num_return=4)
+np.savez(sys.argv[3], ids=ids, scores=scores, n_best_ids=n_best_ids, n_best_scores=n_best_scores)
 """
 
 
@@ -305,6 +360,9 @@ def test_same_weights_give_the_same_beam_search_under_every_backend(tmp_path, re
     source = reversal.held_out(32)[0]
     ids, scores = beam_search(model, source, vocabulary.bos_id, vocabulary.eos_id,
                               beam_size=4, alpha=0.6)
+    n_best_ids, n_best_scores = beam_search(model, source, vocabulary.bos_id,
+                                            vocabulary.eos_id, beam_size=4, alpha=0.6,
+                                            num_return=4)
     model_path, source_path = tmp_path / "model.keras", tmp_path / "source.npy"
     model.save(model_path)
     np.save(source_path, source)
@@ -330,6 +388,9 @@ def test_same_weights_give_the_same_beam_search_under_every_backend(tmp_path, re
             other = np.load(out_path)
             np.testing.assert_array_equal(other["ids"], ids, err_msg=backend)
             np.testing.assert_allclose(other["scores"], scores, atol=1e-4, err_msg=backend)
+            np.testing.assert_array_equal(other["n_best_ids"], n_best_ids, err_msg=backend)
+            np.testing.assert_allclose(other["n_best_scores"], n_best_scores, atol=1e-4,
+                                       err_msg=backend)
     finally:
         for process, _, _ in runs.values():
             if process.poll() is None:

@@ -7,6 +7,7 @@ from helpers import CharTokenizer
 
 import keras_transformer as kt
 from keras_transformer.inference import Translator, beam_search
+from keras_transformer.inference.translator import SourceTruncatedWarning
 
 
 def tiny_translator(alphabet="abcdefghij", max_source_length=None, **overrides):
@@ -80,6 +81,29 @@ def test_empty_sentence_translates_to_empty_text(translator):
     assert translator.translate([]) == []
 
 
+def test_n_best_gives_pairs_best_first_led_by_the_translation(translator):
+    sentences = ["abc", "", "hgfedcb"]
+    texts, scores, ids = translator.translate(sentences, return_scores=True, return_ids=True,
+                                              **SEARCH)
+    n_best, n_best_scores, n_best_ids, truncated = translator.translate(
+        sentences, num_return=2, return_scores=True, return_ids=True, return_truncated=True,
+        **SEARCH)
+    assert truncated == [False] * 3
+    assert [len(pairs) for pairs in n_best] == [2, 2, 2]
+    for row in (0, 2):
+        (first, first_score), (_, second_score) = n_best[row]
+        assert first == texts[row] and n_best_ids[row][0] == ids[row]
+        assert first_score == pytest.approx(scores[row], abs=1e-5) and first_score >= second_score
+        assert n_best_ids[row][0] != n_best_ids[row][1]
+        assert [score for _, score in n_best[row]] == n_best_scores[row]
+        assert [text for text, _ in n_best[row]] == translator.tokenizer.detokenize(
+            n_best_ids[row])
+    assert n_best[1] == [("", 0.0), ("", 0.0)] and n_best_ids[1] == [[], []]
+    assert translator.translate(["abc"], num_return=1, **SEARCH) == texts[:1]
+    with pytest.raises(ValueError, match="num_return=3 is more than beam_size=2"):
+        translator.translate(["abc"], num_return=3, **SEARCH)
+
+
 def test_separate_target_tokenizer_decodes_the_output():
     source_tokenizer = CharTokenizer("abcdefghij")
     target_tokenizer = CharTokenizer("XYZ", bos_id=3, eos_id=2)  # other special ids too
@@ -113,6 +137,12 @@ def test_sentence_over_the_limit_is_truncated_flagged_and_the_others_translated(
     # The truncated sentence translates as its first 15 tokens do, alone.
     alone = translator.translate(["b" * 15], max_output_length=3, return_ids=True)[1]
     assert ids[1] == alone[0]
+    # An n-best list truncates alike.
+    with pytest.warns(SourceTruncatedWarning, match="sentence 1"):
+        n_best, truncated = translator.translate(
+            ["abc", "b" * 15 + "cd", ""], max_output_length=3, num_return=2,
+            return_truncated=True)
+    assert truncated == [False, True, False] and [len(pairs) for pairs in n_best] == [2, 2, 2]
     with pytest.raises(ValueError, match="past the model's learned position table"):
         tiny_translator(max_length=16, position_encoding="learned", max_source_length=17)
 

@@ -10,9 +10,9 @@ the levels, then loads TensorFlow and its devices with the process's stderr
 (file descriptor 2) set aside, and shows what was set aside only if loading
 fails. Python's own warnings and errors are untouched after that.
 
-It also hides sacreBLEU's warning about hypotheses "that end in a tokenized
-period": the project scores detokenized text, and on the synthetic task that
-pattern is the language, not a mistake.
+It also shows each of sacreBLEU's warnings once per process (it repeats them
+for every score it computes; the synthetic task, where " ." is a word, turns
+them off with `force`).
 
 The package's `__init__` calls `quiet_command_line()` before it imports
 Keras, so every command line of the project (`keras-transformer`, `python -m
@@ -86,7 +86,7 @@ def quiet_native_logs(native_logs=False):
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    logging.getLogger("sacrebleu").addFilter(_tokenized_period_filter)
+    logging.getLogger("sacrebleu").addFilter(_once_filter)
     if "tensorflow" in sys.modules:
         return  # too late to set anything aside
     with stderr_set_aside():
@@ -97,8 +97,16 @@ def quiet_native_logs(native_logs=False):
         tf.config.list_physical_devices()  # loads the device plugins, which log too
 
 
-def _tokenized_period_filter(record):
-    return "tokenized period" not in record.getMessage()
+_SHOWN = set()
+
+
+def _once_filter(record):
+    """Lets each distinct message through once."""
+    message = record.getMessage()
+    if message in _SHOWN:
+        return False
+    _SHOWN.add(message)
+    return True
 
 
 @contextlib.contextmanager

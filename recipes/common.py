@@ -333,6 +333,7 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="t
         translator, sources, references,
         hypotheses_path=os.path.join(args.run_dir, name + ".txt"),
         beam_size=args.beam_size, alpha=args.alpha, verbose=1 if args.verbose else 0,
+        bleu_force=getattr(args, "bleu_force", False),
     )
     exact = sum(h.strip() in {r.strip() for r in refs}
                 for h, refs in zip(result.hypotheses, references))

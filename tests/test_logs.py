@@ -92,11 +92,23 @@ def test_the_native_logs_can_be_asked_for():
     assert quiet.stdout.strip() == "3", quiet.stderr
 
 
-def test_the_tokenized_period_warning_of_sacrebleu_is_filtered():
-    logs.quiet_native_logs()  # TensorFlow is loaded already: only the filters apply
+def test_each_sacrebleu_warning_is_shown_once():
+    logs.quiet_native_logs()  # TensorFlow is loaded already: only the filter applies
     logger = logging.getLogger("sacrebleu")
-    keep = logging.LogRecord("sacrebleu", logging.WARNING, __file__, 1,
-                             "It looks like you forgot to detokenize", None, None)
-    drop = logging.LogRecord("sacrebleu", logging.WARNING, __file__, 1,
-                             "That's 100 lines that end in a tokenized period ('.')", None, None)
-    assert logger.filter(keep) and not logger.filter(drop)
+
+    def record(message):
+        return logging.LogRecord("sacrebleu", logging.WARNING, __file__, 1, message, None,
+                                 None)
+
+    text = "That's 100 lines that end in a tokenized period ('.') (test_logs)"
+    assert logger.filter(record(text)) and not logger.filter(record(text))
+    assert logger.filter(record("It looks like you forgot to detokenize (test_logs)"))
+
+
+def test_bleu_force_turns_the_tokenized_text_warning_off(caplog):
+    from keras_transformer.evaluation import bleu_scores
+
+    hypotheses = [f"word{i} ." for i in range(120)]
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        bleu_scores(hypotheses, hypotheses, force=True)
+    assert not [r for r in caplog.records if r.name == "sacrebleu"]

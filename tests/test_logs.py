@@ -6,9 +6,16 @@ import os
 import subprocess
 import sys
 
+import keras
 import pytest
 
 from keras_transformer import logs
+
+# The command lines' start-up does not depend on the backend under test: the
+# tests that start a Python process run once, in the TensorFlow pass.
+once = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                          reason="backend-independent subprocess test; runs in the "
+                                 "tensorflow pass")
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,6 +49,7 @@ def run_python(code, **environment):
                           timeout=120, env=dict(os.environ, **environment))
 
 
+@once
 def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
     code = (
         "import os, sys\n"
@@ -63,6 +71,7 @@ def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
     assert "the cause" in result.stderr and "early lines" not in result.stderr
 
 
+@once
 def test_a_command_line_starts_without_tensorflows_native_lines(tmp_path):
     # The lines TensorFlow writes at start on a machine without CUDA: none of
     # them may reach the user of a command line.
@@ -77,6 +86,7 @@ def test_a_command_line_starts_without_tensorflows_native_lines(tmp_path):
     assert (tmp_path / "positions.png").stat().st_size > 0
 
 
+@once
 def test_the_native_logs_can_be_asked_for():
     code = ("import os, sys\n"
             "sys.argv = ['keras-transformer', '--native-logs']\n"

@@ -95,22 +95,66 @@ def resolve_model_path(model):
     if not os.path.exists(model):
         raise FileNotFoundError(f"No model at {model!r}.")
     if not model.endswith(".keras"):
-        raise ValueError(f"{model!r} is not a .keras file: pass a .keras model or a run "
-                         "directory.")
+        # The same rule as `load_model`, checked before an export starts a subprocess.
+        raise _not_a_keras_file(model)
     return model
 
 
+def _not_a_keras_file(model_path):
+    return ValueError(
+        f"{model_path!r} is not a .keras file: keras-transformer loads only Keras 3 .keras "
+        "files (no legacy .h5 or other formats). Pass a .keras model or a run directory; "
+        "convert a model you trust with keras.saving.load_model(PATH).save('NAME.keras')."
+    )
+
+
 def load_model(model_path):
-    """Loads a `.keras` model in Keras's safe mode (no arbitrary code), with a
-    clear error for a file that is not a model."""
+    """Loads a `.keras` model in Keras's safe mode, with a clear error for a
+    file that is not one of ours.
+
+    Only local `.keras` files are read: other suffixes (legacy `.h5`), folders
+    and remote paths are refused before Keras sees them. Keras refuses what
+    would run code while the model is rebuilt: in safe mode a `Lambda` layer's
+    Python bytecode, in any mode a class or function from a module outside its
+    own packages (this package's layers are registered, so they load). Our
+    recipes never write either; the error says so.
+    """
     import keras
 
+    model_path = os.fspath(model_path)
+    if not model_path.endswith(".keras"):
+        raise _not_a_keras_file(model_path)
+    if os.path.isdir(model_path):
+        raise ValueError(f"{model_path!r} is a folder, not a .keras file: pass the model file "
+                         "(a zip that model.save('NAME.keras') writes) or its run directory.")
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"No model at {model_path!r}.")
     try:
         return keras.saving.load_model(model_path, compile=False, safe_mode=True)
     except Exception as error:  # a damaged zip raises many kinds of errors
+        # Keras wraps the refusal in errors about the enclosing layers: look
+        # down the chain for it.
+        refusal, seen = None, error
+        while seen is not None and refusal is None:
+            message = str(seen)
+            if ("safe_mode" in message or message.startswith("Could not locate ")
+                    or "Non-modeling APIs" in message or "KerasSaveable" in message):
+                refusal = message
+            seen = seen.__cause__ or seen.__context__
+        if refusal is None:
+            raise ValueError(
+                f"Cannot load {model_path!r} as a Keras model ({type(error).__name__}: "
+                f"{error}); the file may be truncated or not a .keras file."
+            ) from error
+        # Keras's first sentence names what it refused; the rest of its message
+        # is advice (turning safe mode off) that does not apply here.
+        detail = refusal.split(". ")[0].rstrip(".")
         raise ValueError(
-            f"Cannot load {model_path!r} as a Keras model ({type(error).__name__}: {error}); "
-            "the file may be truncated or not a .keras file."
+            f"Cannot load {model_path!r}: the file contains code that Keras's safe mode refuses "
+            f"to run ({detail}): a Lambda layer, or a class or function from a module that "
+            "neither Keras nor keras-transformer defines. It is not a model that "
+            "keras-transformer's recipes write: use a .keras file written by a recipe or "
+            "run_dir.save_model, from a source you trust."
         ) from error
 
 

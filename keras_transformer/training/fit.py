@@ -4,23 +4,33 @@ Training is counted in optimizer steps, as in the paper (100,000 steps for the
 base model). `fit_steps` runs `model.fit` over a repeating dataset in windows of
 `checkpoint_every` steps (Keras "epochs"), and after each window:
 
-- `keras.callbacks.BackupAndRestore` backs up weights and optimizer state, so a
-  killed run started again with the same command resumes from the last window
-  and loses at most `checkpoint_every` steps;
+- `RunBackup` (a `keras.callbacks.BackupAndRestore` whose every write is
+  atomic) backs up weights and optimizer state, so a run killed at any moment
+  and started again with the same command resumes from the last window and
+  loses at most `checkpoint_every` steps;
 - `StepCheckpoint` saves `checkpoints/step-NNNNNNN.keras`, keeping the last
   `keep_checkpoints` for checkpoint averaging (§6.1);
 - `keras.callbacks.CSVLogger` and `keras.callbacks.TensorBoard` log the losses.
+
+`NonFiniteGuard` watches every step's loss. The first NaN or infinite loss
+stops training, and neither the checkpoint nor the backup of that window is
+written, so the run directory keeps its last finite state: `fit_steps` raises
+`NonFiniteLossError` naming the step, and the same command, with a lower
+learning rate for instance, resumes from that state.
 
 Its files go where `keras_transformer.run_dir` names them (backup/,
 checkpoints/, logs/, training_log.csv).
 """
 
 import glob
+import json
+import math
 import os
 import re
 import time
 
 import keras
+import numpy as np
 
 from keras_transformer import run_dir as run_files
 from keras_transformer import validation
@@ -37,32 +47,167 @@ def list_checkpoints(directory):
     )
 
 
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; the run directory keeps the
+    last finite state."""
+
+
+def optimizer_step(model):
+    """The optimizer's iteration count: the number of steps trained so far."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def weights_are_finite(model):
+    """Whether every floating-point variable of the model and its optimizer
+    is finite (one pass over the weights, done once per window)."""
+    variables = list(model.weights)
+    if getattr(model, "optimizer", None) is not None:
+        variables += list(model.optimizer.variables)
+    return all(
+        np.isfinite(keras.ops.convert_to_numpy(v)).all()
+        for v in variables if keras.backend.is_float_dtype(v.dtype)
+    )
+
+
+class NonFiniteGuard(keras.callbacks.Callback):
+    """Stops `model.fit` at the first step whose loss is NaN or infinite.
+
+    It reads the loss that `fit` reports after every step, so it costs one
+    scalar per step. After it trips, `step` and `loss` say where, and
+    `StepCheckpoint` and `RunBackup` given this guard write nothing more.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.step = None
+        self.loss = None
+
+    @property
+    def tripped(self):
+        return self.step is not None
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is None or self.tripped:
+            return
+        loss = float(keras.ops.convert_to_numpy(loss))
+        if not math.isfinite(loss):
+            self.step, self.loss = optimizer_step(self.model), loss
+            self.model.stop_training = True
+
+    def error(self, run_dir):
+        return NonFiniteLossError(
+            f"The loss became {self.loss} at step {self.step}: training stopped, and "
+            f"{run_dir!r} keeps the last finite checkpoint and backup. Lower the learning "
+            "rate (e.g. --lr-scale) or check the data, then run the same command again to "
+            "resume from that state."
+        )
+
+
+def _may_save(model, guard):
+    """Whether this window's state is fit to be saved: the guard has not
+    tripped (a window cut short) and every weight is finite."""
+    return (guard is None or not guard.tripped) and weights_are_finite(model)
+
+
 class StepCheckpoint(keras.callbacks.Callback):
     """Saves the model as `step-NNNNNNN.keras` after every Keras epoch.
 
     The step is the optimizer's iteration count, so names stay right across
     resumed runs. Writes go to a temporary file first, then are renamed, so a
     crash never leaves a truncated checkpoint. Only the newest `keep` are kept.
+    A model with a non-finite weight is never saved, so it never pushes a good
+    checkpoint out.
 
     Args:
         directory: Where checkpoints go.
         keep: How many of the newest checkpoints to keep (None keeps all).
+        guard: A `NonFiniteGuard`; once it has tripped, nothing is saved.
     """
 
-    def __init__(self, directory, keep=5):
+    def __init__(self, directory, keep=5, guard=None):
         super().__init__()
         if keep is not None:
             validation.check_positive_int("keep", keep, "or None to keep every checkpoint")
         self.directory = directory
         self.keep = keep
+        self.guard = guard
 
     def on_epoch_end(self, epoch, logs=None):
+        if not _may_save(self.model, self.guard):
+            return
         os.makedirs(self.directory, exist_ok=True)
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        step = optimizer_step(self.model)
         run_files.save_model(self.model, os.path.join(self.directory, f"step-{step:07d}.keras"))
         if self.keep:
             for old in list_checkpoints(self.directory)[: -self.keep]:
                 os.remove(old)
+
+
+class RunBackup(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` that survives a kill at any moment.
+
+    Keras writes `latest.weights.h5` in place, so a kill during the write
+    leaves a file that the restart cannot read. Here every window's state goes
+    to a new file, `window-NNNNNN.weights.h5` (written under a temporary name,
+    then renamed), and only then does `state.json` (also renamed into place)
+    point at it; older windows are deleted after that. Whatever the moment of
+    the kill, `state.json` names a complete file. The backup is kept when
+    training ends (the recipes' later phases rely on it), and nothing is
+    written for a window with non-finite weights or one the guard cut short.
+    A backup in Keras's own layout (runs from before) is still restored.
+
+    Args:
+        backup_dir: The backup folder (`run_dir.BACKUP`).
+        guard: A `NonFiniteGuard`, or None.
+    """
+
+    STATE = "state.json"
+
+    def __init__(self, backup_dir, guard=None):
+        super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
+        self.guard = guard
+
+    def on_train_begin(self, logs=None):
+        for partial in glob.glob(os.path.join(self.backup_dir, ".partial-*")):
+            os.remove(partial)  # a write that a kill interrupted
+        self._load_model()
+
+    def _save_model(self):
+        if not _may_save(self.model, self.guard):
+            return
+        os.makedirs(self.backup_dir, exist_ok=True)
+        name = f"window-{self._current_epoch:06d}.weights.h5"
+        partial = os.path.join(self.backup_dir, ".partial-" + name)
+        self.model.save_weights(partial, overwrite=True)
+        os.replace(partial, os.path.join(self.backup_dir, name))
+        run_files.write_json(os.path.join(self.backup_dir, self.STATE),
+                             {"epoch": self._current_epoch, "weights": name,
+                              "step": optimizer_step(self.model)})
+        for old in glob.glob(os.path.join(self.backup_dir, "*.weights.h5")):
+            if os.path.basename(old) != name:
+                os.remove(old)
+
+    def _load_model(self):
+        state_path = os.path.join(self.backup_dir, self.STATE)
+        if not os.path.exists(state_path):
+            return super()._load_model()  # Keras's layout, or no backup yet
+        with open(state_path) as f:
+            state = json.load(f)
+        weights_path = os.path.join(self.backup_dir, state["weights"])
+        if not self.model.built:
+            raise ValueError("RunBackup needs a built model: call it on a batch first.")
+        if self.model.optimizer is not None and not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        try:
+            self.model.load_weights(weights_path)
+        except Exception as error:
+            raise ValueError(
+                f"Cannot restore the backup {weights_path!r} ({type(error).__name__}: "
+                f"{error}): it does not match this model. A run directory holds one "
+                "model; pass another --run-dir for a different configuration."
+            ) from error
+        self.model._initial_epoch = state["epoch"]
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -120,6 +265,10 @@ def fit_steps(
 
     Returns:
         The `keras.callbacks.History` of this invocation.
+
+    Raises:
+        NonFiniteLossError: The loss became NaN or infinite; the run directory
+            keeps its last finite checkpoint and backup.
     """
     if total_steps < 1 or checkpoint_every < 1:
         raise ValueError(
@@ -127,15 +276,18 @@ def fit_steps(
         )
     os.makedirs(run_dir, exist_ok=True)
     windows = -(-total_steps // checkpoint_every)
+    guard = NonFiniteGuard()
     callbacks = [
-        keras.callbacks.BackupAndRestore(run_files.path(run_dir, run_files.BACKUP)),
-        StepCheckpoint(run_files.path(run_dir, run_files.CHECKPOINTS), keep=keep_checkpoints),
+        guard,
+        RunBackup(run_files.path(run_dir, run_files.BACKUP), guard=guard),
+        StepCheckpoint(run_files.path(run_dir, run_files.CHECKPOINTS), keep=keep_checkpoints,
+                       guard=guard),
         keras.callbacks.CSVLogger(run_files.path(run_dir, run_files.TRAINING_LOG), append=True),
         keras.callbacks.TensorBoard(run_files.path(run_dir, run_files.LOGS),
                                     update_freq="epoch"),
         *extra_callbacks,
     ]
-    return model.fit(
+    history = model.fit(
         train_dataset,
         steps_per_epoch=checkpoint_every,
         epochs=windows,
@@ -144,3 +296,6 @@ def fit_steps(
         verbose=verbose,
         shuffle=False,  # the tf.data pipeline shuffles; Keras cannot shuffle a dataset
     )
+    if guard.tripped:
+        raise guard.error(run_dir)
+    return history

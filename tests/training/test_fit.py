@@ -1,11 +1,93 @@
-"""keras_transformer/training/fit.py: the time budget of the Table 3 script
-(fit_steps itself runs in every recipe smoke test)."""
+"""keras_transformer/training/fit.py: the non-finite guard, the atomic backup
+and the time budget of the Table 3 script (fit_steps itself also runs in every
+recipe smoke test)."""
+
+import json
+import os
 
 import keras
 import numpy as np
 import pytest
 
-from keras_transformer.training.fit import TimeBudget
+import keras_transformer as kt
+from keras_transformer import run_dir
+from keras_transformer.training.fit import (
+    NonFiniteLossError,
+    TimeBudget,
+    fit_steps,
+    list_checkpoints,
+    weights_are_finite,
+)
+from keras_transformer.training.toy_tasks import reverse_task
+from tests.helpers import tiny_model
+
+
+def reverse_dataset():
+    import tensorflow as tf
+
+    inputs, labels = reverse_task(64, seed=3)
+    return tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(16).repeat()
+
+
+def compiled_tiny_model(learning_rate):
+    """A tiny Transformer whose constant learning rate is a schedule, so that
+    restoring a backup (which holds the optimizer's variables) keeps it."""
+    model = tiny_model(vocab_size=16)
+    schedule = keras.optimizers.schedules.ExponentialDecay(learning_rate, 1, 1.0)
+    model.compile(optimizer=keras.optimizers.Adam(schedule),
+                  loss=kt.LabelSmoothedCrossEntropy(0.1))
+    return model
+
+
+def checkpoint_steps(directory):
+    return [int(os.path.basename(p)[5:12]) for p in list_checkpoints(directory)]
+
+
+def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite_state(
+        tmp_path):
+    checkpoints = run_dir.path(tmp_path, run_dir.CHECKPOINTS)
+    state_path = os.path.join(run_dir.path(tmp_path, run_dir.BACKUP), "state.json")
+    fit_steps(compiled_tiny_model(1e-3), reverse_dataset(), tmp_path, 4, checkpoint_every=2,
+              verbose=0)
+    assert checkpoint_steps(checkpoints) == [2, 4]
+
+    # A learning rate of 1e30 overflows the weights within a step or two.
+    exploding = compiled_tiny_model(1e30)
+    with pytest.raises(NonFiniteLossError, match=r"The loss became (nan|inf) at step [56]"):
+        fit_steps(exploding, reverse_dataset(), tmp_path, 8, checkpoint_every=2, verbose=0)
+    assert not weights_are_finite(exploding)
+    assert checkpoint_steps(checkpoints) == [2, 4]  # nothing written for the bad window
+    with open(state_path) as f:
+        assert json.load(f)["step"] == 4
+    for path in list_checkpoints(checkpoints):
+        assert weights_are_finite(run_dir.load_model(path))
+
+    # The same run with a sane rate resumes from step 4, not from the NaN state.
+    model = compiled_tiny_model(1e-3)
+    history = fit_steps(model, reverse_dataset(), tmp_path, 8, checkpoint_every=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 8
+    assert checkpoint_steps(checkpoints) == [2, 4, 6, 8]
+
+
+def test_backup_ignores_a_write_that_a_kill_interrupted(tmp_path):
+    backup = run_dir.path(tmp_path, run_dir.BACKUP)
+    fit_steps(compiled_tiny_model(1e-3), reverse_dataset(), tmp_path, 2, checkpoint_every=2,
+              verbose=0)
+    assert sorted(os.listdir(backup)) == ["state.json", "window-000001.weights.h5"]
+    # Killed while writing window 2: a truncated file under its temporary
+    # name; killed after its rename but before state.json: a complete file
+    # that state.json does not name yet.
+    with open(os.path.join(backup, ".partial-window-000002.weights.h5"), "wb") as f:
+        f.write(b"\x89HDF\r\n")
+    with open(os.path.join(backup, "window-000002.weights.h5"), "wb") as f:
+        f.write(b"not read")
+    model = compiled_tiny_model(1e-3)
+    history = fit_steps(model, reverse_dataset(), tmp_path, 4, checkpoint_every=2, verbose=0)
+    assert len(history.history["loss"]) == 1  # resumed after window 1
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+    assert sorted(os.listdir(backup)) == ["state.json", "window-000002.weights.h5"]
 
 
 def tiny_regression():

@@ -177,8 +177,11 @@ def evaluate(
         folder = os.path.dirname(hypotheses_path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-        with open(hypotheses_path, "w", encoding="utf-8") as file:
+        # Written whole or not at all: a kill never leaves half a file.
+        partial = f"{hypotheses_path}.partial-{os.getpid()}"
+        with open(partial, "w", encoding="utf-8") as file:
             file.writelines(text + "\n" for text in hypotheses)
+        os.replace(partial, hypotheses_path)
 
     cased, lowercase = bleu_scores(hypotheses, references, force=bleu_force)
     num_tokens = int(sum(len(row) for row in ids))

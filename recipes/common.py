@@ -12,13 +12,18 @@ A recipe supplies its corpus and its defaults; `run` does the rest:
 6. with `--export-dir`, export the run's model (`model.keras`, see
    `keras_transformer.run_dir`) as a TensorFlow SavedModel.
 
-Run it again with the same command after a crash: it resumes. Add
-`--evaluate-only` to score a finished run again without training.
+Run it again with the same command after a crash or a kill, at any point: it
+resumes. results.json records the phases that are done ("training", "saved",
+"averaged", "evaluated", "evaluated_averaged", "exported"), each written
+atomically, and the same command does only the missing ones; training resumes
+from the backup of its last window. A larger --steps trains on from there.
+Add `--evaluate-only` to score a finished run again without training.
 """
 
 import argparse
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import sys
@@ -232,7 +237,7 @@ def run(args, splits, name):
     import keras_transformer as kt
     from keras_transformer import distribution, run_dir
     from keras_transformer.training.averaging import average_checkpoints
-    from keras_transformer.training.fit import fit_steps, list_checkpoints
+    from keras_transformer.training.fit import fit_steps, list_checkpoints, optimizer_step
     from keras_transformer.training.pipeline import make_dataset
 
     keras.utils.set_random_seed(args.seed)
@@ -250,16 +255,24 @@ def run(args, splits, name):
     if distributed.kind != "none":
         print(f"Devices: {distributed.description}")
     source_tokenizer, target_tokenizer = load_or_train_tokenizers(args, train)
+    separate = args.separate_vocabularies
+    config = model_config(args, source_tokenizer.vocab_size,
+                          target_tokenizer.vocab_size if separate else None)
+    # Every id is checked against the model's vocabulary, split by split.
     dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
                         max_sentence_length=args.max_sentence_length,
                         tokens_per_batch=args.tokens_per_batch,
-                        batch_multiple=distributed.batch_multiple)
+                        batch_multiple=distributed.batch_multiple,
+                        source_vocab_size=config.vocab_size,
+                        target_vocab_size=config.resolved_target_vocab_size)
     train_dataset, train_stats = make_dataset(train.sources, train.targets, repeat=True,
-                                              seed=args.seed, **dataset_args)
+                                              seed=args.seed, name=f"{name} train split",
+                                              **dataset_args)
     validation_dataset = None
     if validation.sources:
         validation_dataset, _ = make_dataset(validation.sources, validation.targets,
-                                             shuffle=False, verbose=False, **dataset_args)
+                                             shuffle=False, verbose=False,
+                                             name=f"{name} validation split", **dataset_args)
 
     total_steps = args.steps
     if total_steps is None:
@@ -267,50 +280,78 @@ def run(args, splits, name):
         total_steps = max(1, int(round(args.epochs * batches)))
         print(f"Steps: {args.epochs} epochs x {batches} batches = {total_steps} steps")
 
-    separate = args.separate_vocabularies
-    config = model_config(args, source_tokenizer.vocab_size,
-                          target_tokenizer.vocab_size if separate else None)
-    with distributed.scope():
-        model = kt.Transformer(config)
-        compile_model(model, config, args.lr_scale)
-    print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
-          f"{json.dumps(dataclasses.asdict(config))}")
+    results_path = run_dir.path(args.run_dir, run_dir.RESULTS)
+    results = run_dir.read_json(results_path, default={})
+    if results.get("steps", 0) < total_steps:
+        results = {}  # a new run, or one that trains further: every phase again
+    phases = results.setdefault("phases", [])
+    done_before = list(phases)
+    if phases:
+        print(f"Resuming a run whose phases {', '.join(phases)} are done")
 
-    start = time.time()
-    fit_steps(model, train_dataset, args.run_dir, total_steps,
-              checkpoint_every=min(args.checkpoint_every, total_steps),
-              validation_dataset=validation_dataset, keep_checkpoints=args.keep_checkpoints,
-              verbose=args.verbose)
-    train_seconds = time.time() - start
-    print(f"Trained {total_steps} steps in {train_seconds:.0f} s")
+    def finish(phase, **figures):
+        """Records a finished phase in results.json (atomically), so that the
+        same command after a kill does only what is left."""
+        results.update(figures)
+        if phase not in phases:
+            phases.append(phase)
+        run_dir.write_json(results_path, results)
 
+    for stale in glob.glob(os.path.join(args.run_dir, ".partial-*")):
+        os.remove(stale)  # the temporary file of a save that a kill cut short
     model_path = run_dir.path(args.run_dir, run_dir.MODEL)
-    run_dir.save_model(model, model_path)
-    print(f"Saved {model_path} (tokenizer beside it)")
+    if "saved" not in phases:
+        with distributed.scope():
+            model = kt.Transformer(config)
+            compile_model(model, config, args.lr_scale)
+        print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
+              f"{json.dumps(dataclasses.asdict(config))}")
+        start = time.time()
+        # Resumes from the backup: after a kill, or with nothing left to train
+        # when only the final save was missing.
+        fit_steps(model, train_dataset, args.run_dir, total_steps,
+                  checkpoint_every=min(args.checkpoint_every, total_steps),
+                  validation_dataset=validation_dataset, keep_checkpoints=args.keep_checkpoints,
+                  verbose=args.verbose)
+        steps = optimizer_step(model)
+        if "training" not in phases:
+            train_seconds = time.time() - start
+            print(f"Trained {steps} steps in {train_seconds:.0f} s")
+            finish("training", recipe=name, backend=keras.backend.backend(), steps=steps,
+                   train_seconds=round(train_seconds, 1), parameters=model.count_params())
+        run_dir.save_model(model, model_path)
+        print(f"Saved {model_path} (tokenizer beside it)")
+        finish("saved")
+    else:
+        model = run_dir.load_model(model_path)
+        print(f"Model: {model_path}, trained {results['steps']} steps")
+
+    averaged_path = run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
     checkpoints = list_checkpoints(run_dir.path(args.run_dir, run_dir.CHECKPOINTS))
-    averaged_path = None
-    if len(checkpoints) > 1:
-        averaged_path = run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
+    if "averaged" not in phases and len(checkpoints) > 1:
         average_checkpoints(checkpoints[-args.keep_checkpoints:], averaged_path)
         print(f"Averaged the last {len(checkpoints[-args.keep_checkpoints:])} checkpoints "
               f"into {averaged_path}")
-
-    results = {"recipe": name, "backend": keras.backend.backend(), "steps": total_steps,
-               "train_seconds": round(train_seconds, 1), "parameters": model.count_params()}
+        finish("averaged")
     if test.sources:
-        results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
-        if averaged_path:
+        if "evaluated" not in phases:
+            finish("evaluated", **evaluate_test(args, model, source_tokenizer,
+                                                target_tokenizer, test))
+        if "averaged" in phases and "evaluated_averaged" not in phases:
             print(f"Evaluating the averaged model {averaged_path}:")
             averaged = run_dir.load_model(averaged_path)
-            results["averaged"] = evaluate_test(args, averaged, source_tokenizer,
-                                                target_tokenizer, test, "test_hypotheses_averaged")
-    if args.export_dir and not args.no_export:
+            finish("evaluated_averaged", averaged=evaluate_test(
+                args, averaged, source_tokenizer, target_tokenizer, test,
+                "test_hypotheses_averaged"))
+    if args.export_dir and not args.no_export and "exported" not in phases:
         from keras_transformer.inference.export import export_saved_model
 
         # The run's model, as `keras-transformer export RUN_DIR` would pick it.
-        results["saved_model"] = export_saved_model(
-            args.run_dir, args.export_dir, beam_size=args.beam_size, alpha=args.alpha)
-    run_dir.write_json(run_dir.path(args.run_dir, run_dir.RESULTS), results)
+        finish("exported", saved_model=export_saved_model(
+            args.run_dir, args.export_dir, beam_size=args.beam_size, alpha=args.alpha))
+    if phases == done_before:
+        print(f"Nothing left to do: {results_path} records every phase. Use --evaluate-only "
+              "to score the run again, or a larger --steps to train on.")
     return results
 
 
@@ -394,8 +435,13 @@ def main_guard(main):
     from keras_transformer import cli
 
     cli.check_backend()
+    from keras_transformer.training.fit import NonFiniteLossError
+
     try:
         return main()
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteLossError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -62,7 +62,11 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
                  "training_log.csv", "results.json", "test_hypotheses.txt"):
         assert os.path.exists(os.path.join(run_dir, name)), name
     assert os.path.isdir(os.path.join(run_dir, "logs"))
-    assert not os.path.exists(os.path.join(run_dir, "backup")), "backup is removed at the end"
+    # The backup stays (a larger --steps trains on from it), and every phase is recorded.
+    assert sorted(os.listdir(os.path.join(run_dir, "backup"))) == ["state.json",
+                                                                   "window-000002.weights.h5"]
+    assert results["phases"] == ["training", "saved", "averaged", "evaluated",
+                                 "evaluated_averaged", "exported"]
     # The exact match is that of the hypotheses written beside it (the test split
     # is the synthetic task's seed 3), and BLEU is a score, not a placeholder.
     references = synthetic_translation(8, seed=3).targets
@@ -259,6 +263,82 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     assert resumed[0] >= max(epochs_before) and resumed[0] > 0, epochs
     assert resumed[-1] == max(epochs_before) + 2
     assert os.path.exists(os.path.join(checkpoints, f"step-{20 * (resumed[-1] + 1):07d}.keras"))
+
+
+KILL_AT = """
+import os, signal, sys
+from keras_transformer import evaluation, run_dir
+from keras_transformer.inference import export
+from recipes import common, quickstart
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+phase, argv = sys.argv[1], sys.argv[2:]
+if phase in ("saved", "averaged"):
+    # Killed inside the atomic save: the temporary file is written, not renamed.
+    save_model, name = run_dir.save_model, {"saved": "model.keras",
+                                            "averaged": "model_averaged.keras"}[phase]
+    def save_then_die(model, path):
+        if os.path.basename(path) != name:
+            return save_model(model, path)
+        model.save(os.path.join(os.path.dirname(path), ".partial-0-" + name))
+        die()
+    run_dir.save_model = save_then_die
+elif phase == "evaluated":
+    evaluation.evaluate = die
+elif phase == "exported":
+    export.export_saved_model = die
+common.main_guard(lambda: quickstart.main(argv))
+"""
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="the phases are backend-agnostic; the TensorFlow pass exports "
+                           "in-process, so it runs them once, fastest")
+def test_a_run_killed_in_any_phase_finishes_with_the_same_command_without_training_again(
+        tmp_path):
+    """SIGKILL inside the final save, the averaging, the evaluation and the
+    export, one after the other; each time the same command goes on from the
+    phase that was cut, and the run trains its 6 steps only once."""
+    run_dir = str(tmp_path / "run")
+    arguments = ["--run-dir", run_dir, "--steps", "6", "--checkpoint-every", "3",
+                 "--train-pairs", "200", "--test-pairs", "4", *TINY_MODEL,
+                 "--export-dir", str(tmp_path / "saved_models" / "quickstart")]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = []
+    for phase in ("saved", "averaged", "evaluated", "exported", None):
+        command = ([sys.executable, "-c", KILL_AT, phase] if phase else
+                   [sys.executable, "-m", "recipes.quickstart"]) + arguments
+        result = subprocess.run(command, cwd=REPOSITORY, env=env, capture_output=True,
+                                text=True, timeout=300)
+        if phase is None:
+            assert result.returncode == 0, result.stderr[-3000:]
+        else:
+            assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+        # Trained once, in the first run; the later ones resume after it.
+        assert ("Trained 6 steps" in result.stdout) == (phase == "saved"), result.stdout
+        results = run_dir_files.read_json(os.path.join(run_dir, "results.json"))
+        assert results["steps"] == 6
+        assert results["phases"][:len(done)] == done
+        done = results["phases"]
+        assert phase not in done
+    assert done == ["training", "saved", "averaged", "evaluated", "evaluated_averaged",
+                    "exported"]
+    assert [row["epoch"] for row in read_log(run_dir)] == ["0", "1"]
+    assert os.listdir(tmp_path / "saved_models" / "quickstart") == ["1"]
+    assert not [name for name in os.listdir(run_dir) if name.startswith(".partial-")]
+    # Every model file of the run loads.
+    for name in ("model.keras", "model_averaged.keras"):
+        run_dir_files.load_model(os.path.join(run_dir, name))
+
+    # Nothing is left to do: a further run only reports.
+    again = subprocess.run([sys.executable, "-m", "recipes.quickstart"] + arguments,
+                           cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Trained" not in again.stdout and "Averaged" not in again.stdout
+    assert "Test, " not in again.stdout
+    assert os.listdir(tmp_path / "saved_models" / "quickstart") == ["1"]
 
 
 def test_average_command_writes_the_mean_model(tmp_path):

@@ -92,3 +92,36 @@ def test_small_model_learns_to_reverse_sequences():
     model.fit(train_inputs, train_labels, batch_size=64, epochs=12, verbose=0)
     results = model.evaluate(test_inputs, test_labels, verbose=0, return_dict=True)
     assert results["token_accuracy"] >= 0.95, results
+
+
+@pytest.mark.parametrize("where", ["source", "target", "labels"])
+def test_out_of_range_ids_in_a_dataset_stop_fit_before_any_update(where):
+    """Inside a compiled step an id past the vocabulary reads NaN (JAX) or is
+    clamped (XLA): fit checks each batch first, on every backend."""
+    import tensorflow as tf
+
+    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=16))
+    compile_model(model, learning_rate=1e-3)
+    inputs, labels = reverse_task(64, seed=5)
+    model.fit(inputs, labels, batch_size=16, epochs=1, verbose=0)
+    before = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    if where == "labels":
+        labels[3, 1] = 16
+    else:
+        inputs[where][3, 1] = 16
+    dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(16)
+    with pytest.raises(ValueError, match=rf"{where} ids must lie in 0 <= id < 16 \(the "
+                                         r"vocabulary of the model\), but a batch holds ids "
+                                         r"from 0 to 16\. Tokenize"):
+        model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+    after = [keras.ops.convert_to_numpy(w) for w in model.weights]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    # NumPy inputs are checked before fit starts; -1 (the last row under JAX) too.
+    if where != "labels":
+        inputs[where][3, 1] = -1
+        with pytest.raises(ValueError, match=rf"{where} holds ids from -1 to"):
+            model.fit(inputs, labels, batch_size=16, verbose=0)
+    # The model still trains on good data.
+    inputs, labels = reverse_task(32, seed=6)
+    model.fit(tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(16), verbose=0,
+              shuffle=False)

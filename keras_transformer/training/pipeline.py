@@ -164,6 +164,9 @@ def make_dataset(
     bucket_width=8,
     verbose=True,
     batch_multiple=1,
+    source_vocab_size=None,
+    target_vocab_size=None,
+    name="data",
 ):
     """A `tf.data.Dataset` of `({"source", "target"}, labels)` batches.
 
@@ -185,6 +188,13 @@ def make_dataset(
             of data-parallel replicas): bucket sizes are rounded to it, and a
             bucket's last, smaller batch gets all-padding rows, which the loss
             and the metrics ignore.
+        source_vocab_size, target_vocab_size: The vocabulary sizes of the
+            model that will read the batches (`config.vocab_size`,
+            `config.resolved_target_vocab_size`). When given, a tokenizer
+            with a larger vocabulary, or any id outside them, is refused
+            here, before training, with an error naming `name`, the pair
+            and the id. (`Transformer.fit` checks every batch again.)
+        name: What the data is, for errors ("train", a file name, ...).
 
     Returns:
         (dataset, PipelineStats). Batches hold int32 tensors: source (B, L),
@@ -197,6 +207,14 @@ def make_dataset(
     boundaries, batch_sizes, _ = bucket_plan(max_sentence_length, tokens_per_batch,
                                              bucket_width, batch_multiple)
     target_tokenizer = target_tokenizer or source_tokenizer
+    for side, tokenizer, size in (("source", source_tokenizer, source_vocab_size),
+                                  ("target", target_tokenizer, target_vocab_size)):
+        vocabulary = getattr(tokenizer, "vocab_size", None)
+        if size is not None and vocabulary is not None and vocabulary > size:
+            raise ValueError(
+                f"{name}: the {side} tokenizer has {vocabulary} ids, more than the model's "
+                f"vocabulary of {size}: build the model for this tokenizer, or use the "
+                "tokenizer the model was built for.")
     encoded_sources, encoded_targets, stats = encode_pairs(
         sources, targets, source_tokenizer, target_tokenizer, max_sentence_length, overlong,
         verbose=verbose,
@@ -208,6 +226,8 @@ def make_dataset(
             f"No pair is left after tokenization ({stats.summary()}): check the data "
             "and max_sentence_length."
         )
+    _check_ids(encoded_sources, source_vocab_size, name, "source")
+    _check_ids(encoded_targets, target_vocab_size, name, "target")
     stats.batches_per_pass = _batches_per_pass(encoded_sources, encoded_targets, boundaries,
                                                batch_sizes)
     decoder_inputs = [t[:-1] for t in encoded_targets]
@@ -266,6 +286,22 @@ def _tokenize_pairs(sources, targets, source_tokenizer, target_tokenizer, verbos
         target_ids += target_tokenizer.tokenize(targets[start:end])
         progress.update(min(end, len(sources)))
     return source_ids, target_ids
+
+
+def _check_ids(sequences, vocab_size, name, side):
+    """Refuses any id outside 0 <= id < vocab_size, naming the first pair that
+    holds one (one NumPy pass over the ids, before training)."""
+    if vocab_size is None:
+        return
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    ids = np.fromiter((i for s in sequences for i in s), dtype=np.int64, count=lengths.sum())
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if bad.size:
+        pair = int(np.searchsorted(np.cumsum(lengths), bad[0], side="right"))
+        raise ValueError(
+            f"{name}: pair {pair} (counting kept pairs from 0) has the {side} id "
+            f"{ids[bad[0]]}, outside the model's vocabulary (0 <= id < {vocab_size}); "
+            f"{bad.size} ids are outside it in all. Tokenize with the model's tokenizer.")
 
 
 def _check_max_sentence_length(value):

@@ -122,3 +122,32 @@ def test_pipeline_feeds_model_fit(corpus_and_tokenizer):
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=kt.LabelSmoothedCrossEntropy())
     history = model.fit(dataset, steps_per_epoch=3, epochs=2, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_before_tokenizing(corpus_and_tokenizer):
+    corpus, tokenizer = corpus_and_tokenizer
+    with pytest.raises(ValueError, match=r"train: the source tokenizer has 320 ids, more "
+                                         r"than the model's vocabulary of 300"):
+        make_dataset(corpus.sources, corpus.targets, tokenizer, source_vocab_size=300,
+                     target_vocab_size=320, name="train", verbose=False)
+
+
+class OffByOneTokenizer:
+    """Says it has `vocab_size` ids but gives one id past them to a word: a
+    corpus tokenized with another vocabulary."""
+
+    pad_id, bos_id, eos_id, vocab_size = 0, 1, 2, 10
+
+    def tokenize(self, texts):
+        return [[10 if word == "bad" else 3 for word in text.split()] for text in texts]
+
+
+def test_an_id_outside_the_model_vocabulary_names_the_split_the_pair_and_the_id():
+    sources, targets = ["a b", "c d", "e bad f"], ["x", "y", "z"]
+    with pytest.raises(ValueError, match=r"dev.txt: pair 2 \(counting kept pairs from 0\) has "
+                                         r"the source id 10, outside the model's vocabulary "
+                                         r"\(0 <= id < 10\); 1 ids"):
+        make_dataset(sources, targets, OffByOneTokenizer(), source_vocab_size=10,
+                     target_vocab_size=10, name="dev.txt", verbose=False)
+    # Without the model's sizes the pipeline has nothing to check against.
+    make_dataset(sources, targets, OffByOneTokenizer(), verbose=False)

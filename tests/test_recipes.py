@@ -22,6 +22,13 @@ from keras_transformer.training.data import synthetic_translation
 from recipes import anki, average, multi30k, quickstart, table3, wmt14
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# What a test checks here does not depend on the backend (downloads, resuming
+# after a kill, the command lines' errors): it runs once, in the torch pass,
+# where a recipe's subprocess starts and trains fastest (no compilation).
+once = pytest.mark.skipif(keras.backend.backend() != "torch",
+                          reason="backend-independent recipe plumbing: runs in the torch pass "
+                                 "(the training loop runs on every backend in the smoke runs)")
 TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
               "--num-layers", "1", "--warmup-steps", "10", "--beam-size", "2", "--verbose", "0"]
 
@@ -123,6 +130,7 @@ def mirrored_downloads(tmp_path, monkeypatch):
         yield lambda: monkeypatch.setenv(downloads.MIRROR_VARIABLE, "http://127.0.0.1:9")
 
 
+@once
 def test_multi30k_smoke_run_downloads_verifies_and_caches_the_real_files(
         tmp_path, mirrored_downloads, capsys):
     arguments = [
@@ -144,6 +152,7 @@ def test_multi30k_smoke_run_downloads_verifies_and_caches_the_real_files(
     assert "Downloading" not in capsys.readouterr().out
 
 
+@once
 def test_anki_smoke_run_downloads_and_reads_the_real_file(tmp_path, mirrored_downloads):
     results = anki.main([
         "--run-dir", str(tmp_path / "run"), "--train-limit", "300",
@@ -163,9 +172,7 @@ def test_anki_needs_data_for_a_language_it_does_not_download(capsys):
     assert "only English-Spanish is downloaded" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax",
-                    reason="the recipes' training loop runs on every backend in the smoke runs "
-                           "above; the Table 3 smoke runs once, in the jax pass")
+@once
 def test_table3_smoke_run_tabulates_the_variants_and_skips_finished_ones(tmp_path):
     data_dir = shared_data("multi30k")
     run_dir = tmp_path / "table3"
@@ -213,6 +220,7 @@ def test_quickstart_trains_data_parallel(tmp_path):
     assert os.path.exists(tmp_path / "run" / "results.json")
 
 
+@once
 def test_recipe_user_errors_print_one_line_and_exit_2(tmp_path):
     command = [sys.executable, "-m", "recipes.multi30k", "--data-dir", str(tmp_path / "none"),
                "--steps", "1"]
@@ -230,6 +238,7 @@ def test_bad_option_values_are_rejected(capsys):
     assert "--steps must be positive" in capsys.readouterr().err
 
 
+@once
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL after the first checkpoint; the same command then finishes the run
     without repeating the windows that were saved."""
@@ -293,9 +302,7 @@ common.main_guard(lambda: quickstart.main(argv))
 """
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                    reason="the phases are backend-agnostic; the TensorFlow pass exports "
-                           "in-process, so it runs them once, fastest")
+@once
 def test_a_run_killed_in_any_phase_finishes_with_the_same_command_without_training_again(
         tmp_path):
     """SIGKILL inside the final save, the averaging, the evaluation and the

@@ -81,6 +81,10 @@ def test_mixed_precision_fit_gives_finite_decreasing_loss(policy):
     assert losses[-1] < losses[0] - 0.2, losses
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax",
+                    reason="a learning check of the model's math, the same on every backend "
+                           "(tests/inference/test_decoding.py compares the backends' outputs "
+                           "on the same weights); runs once, in the fastest pass")
 def test_small_model_learns_to_reverse_sequences():
     """≥ 95% token accuracy on held-out sequences after a test-sized budget."""
     model = kt.Transformer(kt.TransformerConfig.tiny(

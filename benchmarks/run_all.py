@@ -228,7 +228,8 @@ def report(results, backends, args, started):
 
 # Sections of RESULTS.md that other scripts' runs write (by hand, from their
 # printed tables); a run of this script keeps them.
-KEPT_SECTIONS = ("## Serving (benchmarks/serving.py)",)
+KEPT_SECTIONS = ("## Id checks in `Transformer.fit` (benchmarks/id_check.py)",
+                 "## Serving (benchmarks/serving.py)")
 
 
 def _kept_sections(path):

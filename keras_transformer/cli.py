@@ -168,6 +168,31 @@ def _average(args):
 
 
 def _export(args):
+    if args.format == "ctranslate2":
+        # SavedModel settings fixed at export: CTranslate2 takes its decoding
+        # options at translate time instead.
+        given = [flag for flag, value in (
+            ("--version", args.version), ("--max-output-length", args.max_output_length),
+            ("--max-source-length", args.max_source_length),
+            ("--batch-sizes", args.batch_sizes), ("--lengths", args.lengths)) if value is not None]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ValueError(
+                f"{', '.join(given)} {verb} only to --format saved_model: a CTranslate2 model "
+                "takes its decoding options (beam_size, max_decoding_length, ...) in "
+                "translate_batch.")
+        from keras_transformer.inference.ctranslate2_export import export_ctranslate2
+
+        try:
+            export_ctranslate2(args.model, args.export_base, quantization=args.quantization,
+                               verbose=not args.quiet)
+        except ImportError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        return
+    if args.quantization is not None:
+        raise ValueError("--quantization only applies to --format ctranslate2: a SavedModel "
+                         "keeps the model's own weights.")
     from keras_transformer.inference.export import export_saved_model
 
     export_saved_model(args.model, args.export_base, version=args.version,
@@ -330,16 +355,27 @@ def build_parser():
     average.add_argument("--output", help="where to write the averaged model")
     average.set_defaults(run=_average)
 
+    from keras_transformer.inference.ctranslate2_export import QUANTIZATIONS
     from keras_transformer.inference.serving import BatchingParameters, ServerOptions
 
     defaults, batching = ServerOptions(), BatchingParameters()
     export = command(
         "export", help="write a TensorFlow SavedModel (strings in, translations out) to "
-                       "EXPORT_BASE/VERSION/")
+                       "EXPORT_BASE/VERSION/, or a CTranslate2 model directory")
     export.add_argument("model", help=".keras file with its tokenizer beside it, or run "
                                       "directory")
     export.add_argument("export_base", help="serving directory, e.g. saved_models/NAME; the "
-                                            "SavedModel goes to EXPORT_BASE/VERSION/")
+                                            "SavedModel goes to EXPORT_BASE/VERSION/. With "
+                                            "--format ctranslate2: the new model directory "
+                                            "(absent or empty)")
+    export.add_argument("--format", choices=("saved_model", "ctranslate2"),
+                        default="saved_model",
+                        help="saved_model (TensorFlow Serving, beam search inside) or "
+                             "ctranslate2 (a CTranslate2 Translator model; the options below "
+                             "about versions, search and compiled shapes do not apply)")
+    export.add_argument("--quantization", choices=QUANTIZATIONS,
+                        help="with --format ctranslate2: CTranslate2 weight type "
+                             "(default: float32)")
     export.add_argument("--version", type=_positive_int,
                         help="version number (default: one above the highest present)")
     _add_search_options(export)

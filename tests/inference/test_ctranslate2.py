@@ -1,0 +1,261 @@
+"""Tests of keras_transformer.inference.ctranslate2_export: a CTranslate2 model
+written from ours decodes to our ids.
+
+The conversion only reads weights, so it is the same under every backend: the
+tests that train, convert and decode run in the JAX pass only.
+"""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer import cli, run_dir
+from keras_transformer.inference import Translator
+from keras_transformer.inference.ctranslate2_export import (
+    convert_model,
+    export_ctranslate2,
+    transformer_spec,
+)
+from keras_transformer.inference.search import LENGTH_OFFSET
+from keras_transformer.training.data import synthetic_translation
+from keras_transformer.training.pipeline import encode_pairs
+from keras_transformer.training.tokenizers import SubwordTokenizer
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+jax_pass_only = pytest.mark.skipif(
+    keras.backend.backend() != "jax",
+    reason="the conversion reads weights only, so it is backend-independent: the heavy "
+           "tests run in the JAX pass")
+
+NUM_WORDS = 40
+
+
+def _matrix(rows):
+    matrix = np.zeros((len(rows), max(map(len, rows))), "int32")
+    for i, row in enumerate(rows):
+        matrix[i, : len(row)] = row
+    return matrix
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained for a few seconds on the synthetic task, saved as a
+    run directory, with held-out test sentences (and one of unseen words)."""
+    keras.utils.set_random_seed(0)
+    corpus = synthetic_translation(1200, seed=0, num_words=NUM_WORDS)
+    tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=200)
+    sources, targets, _ = encode_pairs(corpus.sources, corpus.targets, tokenizer,
+                                       max_sentence_length=64)
+    config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size)
+    model = kt.Transformer(config)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3, beta_1=0.9, beta_2=0.98),
+                  loss=kt.LabelSmoothedCrossEntropy(0.1))
+    model.fit({"source": _matrix(sources), "target": _matrix([t[:-1] for t in targets])},
+              _matrix([t[1:] for t in targets]), batch_size=64, epochs=6, verbose=0)
+    directory = str(tmp_path_factory.mktemp("ct2") / "run")
+    run_dir.save_tokenizers(directory, tokenizer)
+    run_dir.save_model(model, run_dir.path(directory, run_dir.MODEL))
+    sentences = synthetic_translation(100, seed=7, num_words=NUM_WORDS).sources
+    return dict(model=model, tokenizer=tokenizer, run_dir=directory,
+                sentences=sentences + ["xyzzy quux"],
+                translator=Translator(model, tokenizer))
+
+
+@pytest.fixture(scope="module")
+def converted(trained, tmp_path_factory):
+    """The trained model in memory, converted with float32 weights."""
+    output = str(tmp_path_factory.mktemp("ct2") / "fp32")
+    convert_model(trained["model"], trained["tokenizer"], trained["tokenizer"], output)
+    return output
+
+
+def _token_ids(model_dir, side="target"):
+    """token string -> id, from the vocabulary the export wrote."""
+    name = "shared_vocabulary.json"
+    if not os.path.exists(os.path.join(model_dir, name)):
+        name = f"{side}_vocabulary.json"
+    with open(os.path.join(model_dir, name)) as f:
+        return {token: i for i, token in enumerate(json.load(f))}
+
+
+def ctranslate2_ids(model_dir, tokenizer, sentences, beam_size):
+    """CTranslate2's output ids (EOS included) for each sentence, decoded with
+    the settings of ours: no minimum length, at most source tokens + EOS + 50
+    output tokens (one limit per call, so sentences are grouped by length), and
+    α = 0 (`length_penalty=0`)."""
+    translator = ctranslate2.Translator(model_dir, device="cpu")
+    with open(os.path.join(model_dir, "shared_vocabulary.json")) as f:
+        vocabulary = json.load(f)
+    to_id = {token: i for i, token in enumerate(vocabulary)}
+    sources = [[vocabulary[i] for i in ids] for ids in tokenizer.tokenize(sentences)]
+    by_length = {}
+    for index, tokens in enumerate(sources):
+        by_length.setdefault(len(tokens), []).append(index)
+    results = [None] * len(sources)
+    for length, rows in by_length.items():
+        outputs = translator.translate_batch(
+            [sources[row] for row in rows], beam_size=beam_size, length_penalty=0,
+            min_decoding_length=0, max_decoding_length=length + 1 + LENGTH_OFFSET,
+            return_end_token=True)
+        for row, output in zip(rows, outputs):
+            results[row] = [to_id[token] for token in output.hypotheses[0]]
+    return results
+
+
+def our_ids(trained, beam_size):
+    _, ids = trained["translator"].translate(
+        trained["sentences"], beam_size=beam_size, alpha=0.0, return_ids=True,
+        batch_size=len(trained["sentences"]))
+    return ids
+
+
+@jax_pass_only
+def test_greedy_ids_equal_ours_for_every_sentence(trained, converted):
+    ours = our_ids(trained, beam_size=1)
+    theirs = ctranslate2_ids(converted, trained["tokenizer"], trained["sentences"], 1)
+    different = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    assert not different, f"sentences {different}: ours {ours[different[0]]}, " \
+                          f"CTranslate2 {theirs[different[0]]}"
+    # A trained model: the hypotheses end in EOS, not at the length limit.
+    ended = sum(ids[-1] == trained["tokenizer"].eos_id for ids in ours)
+    assert ended >= 0.9 * len(ours)
+
+
+@jax_pass_only
+def test_beam_ids_agree_on_at_least_99_percent_of_sentences(trained, converted):
+    """Beam 4 with α = 0 on both sides searches the same ranking (sum of
+    log-probabilities, 2·beam candidates per step, the best finished
+    hypothesis wins). They may still part where two candidates score within
+    float32 round-off of each other (a tie): the two engines sum the matrix
+    products in different orders, and ties are broken differently (our
+    `top_k` against CTranslate2's partial sort), so a differing sentence
+    or two is allowed, not more."""
+    ours = our_ids(trained, beam_size=4)
+    theirs = ctranslate2_ids(converted, trained["tokenizer"], trained["sentences"], 4)
+    agree = sum(a == b for a, b in zip(ours, theirs))
+    assert agree >= 0.99 * len(ours), f"{agree} of {len(ours)} agree"
+
+
+# Untrained models of every architecture the converter maps: CTranslate2's
+# log-probabilities of a given target must be ours, renormalized without
+# padding and BOS as the export does.
+ARCHITECTURES = {
+    "post_norm_sinusoidal_shared": {},
+    "pre_norm": dict(norm_position="pre"),
+    "learned_positions": dict(position_encoding="learned"),
+    "untied_output": dict(tie_output_embedding=False),
+    "separate_embeddings": dict(share_embeddings=False),
+    "head_dim_not_d_model_over_heads": dict(key_dim=16),
+    "model_vocabulary_larger_than_tokenizer": dict(vocab_size=220),
+    "other_epsilon": dict(layer_norm_epsilon=1e-3),
+}
+
+
+@jax_pass_only
+@pytest.mark.parametrize("changes", ARCHITECTURES.values(), ids=ARCHITECTURES.keys())
+def test_log_probabilities_equal_ours_for_every_architecture(trained, changes, tmp_path):
+    tokenizer = trained["tokenizer"]
+    values = dict(vocab_size=tokenizer.vocab_size, num_layers=1)
+    values.update(changes)
+    model = kt.Transformer(kt.TransformerConfig.tiny(**values))
+    output = str(tmp_path / "model")
+    convert_model(model, tokenizer, tokenizer, output)
+
+    sentences, references = trained["sentences"][:4], trained["sentences"][4:8]
+    sources = [ids + [tokenizer.eos_id] for ids in tokenizer.tokenize(sentences)]
+    targets = tokenizer.tokenize(references)
+    logits = model({"source": _matrix(sources),
+                    "target": _matrix([[tokenizer.bos_id] + ids for ids in targets])})
+    logits = np.array(keras.ops.convert_to_numpy(logits), "float64")
+    logits[..., [tokenizer.pad_id, tokenizer.bos_id]] = -np.inf
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+    vocabulary = list(_token_ids(output))
+    results = ctranslate2.Translator(output, device="cpu").score_batch(
+        [[vocabulary[i] for i in ids] for ids in tokenizer.tokenize(sentences)],
+        [[vocabulary[i] for i in ids] for ids in targets])
+    for row, (ids, result) in enumerate(zip(targets, results)):
+        labels = ids + [tokenizer.eos_id]
+        ours = log_probs[row, np.arange(len(labels)), labels]
+        np.testing.assert_allclose(result.log_probs, ours, atol=2e-4)
+
+
+@jax_pass_only
+def test_int8_export_from_a_run_directory_loads_and_translates(trained, converted, tmp_path):
+    output = str(tmp_path / "int8")
+    assert export_ctranslate2(trained["run_dir"], output, quantization="int8",
+                              verbose=False) == output
+    with open(os.path.join(output, "config.json")) as f:
+        assert json.load(f)["decoder_start_token"] == "<s>"
+    ids = ctranslate2_ids(output, trained["tokenizer"], trained["sentences"][:8], beam_size=4)
+    assert all(ids) and all(0 <= i < trained["tokenizer"].vocab_size for row in ids for i in row)
+    # int8 matrices take a quarter of float32's bytes (the position table, biases
+    # and norms stay float32).
+    assert os.path.getsize(os.path.join(output, "model.bin")) < os.path.getsize(
+        os.path.join(converted, "model.bin"))
+
+
+@jax_pass_only
+def test_a_non_empty_output_directory_is_refused_and_left_alone(trained, tmp_path):
+    output = tmp_path / "taken"
+    output.mkdir()
+    (output / "model.bin").write_text("someone else's")
+    with pytest.raises(FileExistsError, match="not empty"):
+        export_ctranslate2(trained["run_dir"], str(output), verbose=False)
+    assert (output / "model.bin").read_text() == "someone else's"
+    assert sorted(os.listdir(tmp_path)) == ["taken"]  # no partial directory left behind
+
+
+@jax_pass_only
+def test_command_line_exports_a_model_that_decodes_to_our_ids(trained, tmp_path, capsys):
+    output = str(tmp_path / "cli")
+    cli.main(["export", trained["run_dir"], output, "--format", "ctranslate2"])
+    assert f"to {output}" in capsys.readouterr().out
+    assert sorted(os.listdir(output)) == ["config.json", "keras_transformer.json", "model.bin",
+                                          "shared_vocabulary.json"]
+    sentences = trained["sentences"][:6]
+    _, ours = trained["translator"].translate(sentences, beam_size=1, alpha=0.0,
+                                              return_ids=True)
+    assert ctranslate2_ids(output, trained["tokenizer"], sentences, 1) == ours
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["export", trained["run_dir"], output, "--format", "ctranslate2"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "not empty" in error and error.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--format", "ctranslate2", "--version", "2"], "--version applies only to --format saved_model"),
+    (["--quantization", "int8"], "--quantization only applies to --format ctranslate2"),
+])
+def test_command_line_refuses_options_of_the_other_format(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["export", str(tmp_path), str(tmp_path / "out"), *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_ctranslate2_package_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=8))
+    with pytest.raises(ImportError, match="pip install ctranslate2"):
+        transformer_spec(model, None, None)
+
+
+def test_different_key_and_value_widths_are_refused():
+    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=8, key_dim=4, value_dim=8))
+    with pytest.raises(ValueError, match="key_dim=4 and value_dim=8"):
+        transformer_spec(model, None, None)
+
+
+def test_an_unknown_quantization_is_refused(tmp_path):
+    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=8))
+    with pytest.raises(ValueError, match="int4.*int8_float32"):
+        convert_model(model, None, None, str(tmp_path / "out"), quantization="int4")

@@ -9,7 +9,9 @@ depends on the backend beyond that lives here, in one adapter:
   for the loss's token count;
 * `compile_inference`: the decoding loops of §6.1 compiled for the backend
   (`jax.jit` with the weights as arguments, `tf.function` with XLA, eager
-  PyTorch without gradients).
+  PyTorch without gradients);
+* `use_compilation_cache`: JAX's persistent compilation cache, so that a
+  resumed or repeated run does not compile its train step again.
 
 Importing this module imports neither Keras nor a backend, so that
 `check_backend_name` runs before Keras loads; each function imports what it
@@ -49,6 +51,33 @@ def use_xla_for_training(model):
     import tensorflow as tf
 
     return not (tf.distribute.has_strategy() or getattr(model, "_distribute_strategy", None))
+
+
+def use_compilation_cache(directory):
+    """Under JAX, keeps XLA's compiled programs in `directory`, so that another
+    process compiling the same program (a resumed run, the same command again)
+    reads it instead. Only compilations of a second or more are stored
+    (`jax_persistent_cache_min_compile_time_secs`). Does nothing under the
+    other backends (TensorFlow keeps no such cache; torch runs eagerly).
+
+    Returns:
+        Whether the cache is on.
+    """
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return False
+    import os
+
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    os.makedirs(directory, exist_ok=True)
+    # JAX opens its cache once per process; a second run in the same process
+    # (the tests, a notebook) moves it to its own directory.
+    compilation_cache.reset_cache()
+    jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
+    return True
 
 
 def global_sum(value):

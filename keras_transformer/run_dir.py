@@ -9,7 +9,8 @@ checkpoint averaging (§6.1), evaluation, export and serving all ask this module
       model.keras            the final model: THE model of the run
       model_averaged.keras   the average of the last checkpoints (§6.1)
       checkpoints/           step-0000500.keras, ...
-      backup/                keras.callbacks.BackupAndRestore state
+      backup/                the last window's weights and optimizer state (fit.RunBackup)
+      compilation_cache/     JAX's compiled programs, reused by a resumed run
       logs/                  TensorBoard
       training_log.csv       one row per checkpoint window
       results.json           steps, time, BLEU, ...
@@ -37,6 +38,7 @@ SOURCE_TOKENIZER = "source_tokenizer"
 TARGET_TOKENIZER = "target_tokenizer"
 CHECKPOINTS = "checkpoints"
 BACKUP = "backup"
+COMPILATION_CACHE = "compilation_cache"
 LOGS = "logs"
 TRAINING_LOG = "training_log.csv"
 RESULTS = "results.json"

@@ -235,7 +235,7 @@ def run(args, splits, name):
     import keras
 
     import keras_transformer as kt
-    from keras_transformer import distribution, run_dir
+    from keras_transformer import backend, distribution, run_dir
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import fit_steps, list_checkpoints, optimizer_step
     from keras_transformer.training.pipeline import make_dataset
@@ -245,6 +245,8 @@ def run(args, splits, name):
     os.makedirs(args.run_dir, exist_ok=True)
     print(f"Recipe {name}: backend {keras.backend.backend()}, precision {args.precision}, "
           f"run directory {args.run_dir}")
+    # A resumed run (or the same command again) reads its compiled steps back.
+    backend.use_compilation_cache(run_dir.path(args.run_dir, run_dir.COMPILATION_CACHE))
     train, validation, test = splits["train"], splits["validation"], splits["test"]
     print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
           f"{len(test.sources)} test")

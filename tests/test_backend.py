@@ -1,0 +1,52 @@
+"""keras_transformer/backend.py: JAX's persistent compilation cache (the
+backend's other decisions are tested where they act: test_model.py,
+test_distribution.py and the decoding tests)."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_transformer import backend
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Compiles one program with the cache on, in a process of its own (JAX's
+# cache settings are global), and prints JAX's count of cache hits.
+COMPILE = """
+import sys
+import jax, jax.numpy as jnp
+from keras_transformer import backend
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kwargs: hits.append(event) if event.endswith("cache_hits") else None)
+assert backend.use_compilation_cache(sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+x = jnp.ones((64, 64))
+jax.jit(lambda x: jnp.tanh(x @ x.T) @ x)(x).block_until_ready()
+print("hits", len(hits))
+"""
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the cache is JAX's")
+def test_a_second_process_reads_the_compiled_program_from_the_cache(tmp_path):
+    cache = str(tmp_path / "compilation_cache")
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    listings = []
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "-c", COMPILE, cache], cwd=REPOSITORY, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        listings.append((sorted(os.listdir(cache)), result.stdout.split()[-1]))
+    assert listings[0][0], "nothing was written to the cache"
+    # The first process compiled and wrote; the second read the program back.
+    assert listings[0][1] == "0" and int(listings[1][1]) >= 1, listings
+    assert listings[1][0] == listings[0][0]
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="JAX's cache is tested above")
+def test_other_backends_keep_no_cache(tmp_path):
+    assert backend.use_compilation_cache(str(tmp_path / "compilation_cache")) is False
+    assert not os.path.exists(tmp_path / "compilation_cache")

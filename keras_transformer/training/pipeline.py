@@ -42,13 +42,23 @@ class PipelineStats:
     source_tokens: int = 0
     target_tokens: int = 0
     batches_per_pass: int = 0
+    # Of the positions the batches hold (each pair padded to its bucket's
+    # length), the share that is padding, and the distinct (batch, length)
+    # shapes of full batches: what a compiled train step sees.
+    source_padding: float = 0.0
+    target_padding: float = 0.0
+    shapes: int = 0
 
     def summary(self):
-        return (
+        text = (
             f"{self.kept}/{self.pairs} pairs kept ({self.source_tokens} source and "
             f"{self.target_tokens} target tokens); over-long: {self.dropped_overlong} "
             f"dropped, {self.truncated} truncated; {self.dropped_empty} empty dropped"
         )
+        if self.shapes:
+            text += (f"; {self.shapes} bucket shapes, padding {self.source_padding:.0%} of "
+                     f"source and {self.target_padding:.0%} of target positions")
+        return text
 
 
 # Sentences tokenized per call when a progress bar is shown.
@@ -204,8 +214,8 @@ def make_dataset(
     import tensorflow as tf
 
     # The plan checks the batching arguments before any tokenization work.
-    boundaries, batch_sizes, _ = bucket_plan(max_sentence_length, tokens_per_batch,
-                                             bucket_width, batch_multiple)
+    boundaries, batch_sizes, lengths = bucket_plan(max_sentence_length, tokens_per_batch,
+                                                   bucket_width, batch_multiple)
     target_tokenizer = target_tokenizer or source_tokenizer
     for side, tokenizer, size in (("source", source_tokenizer, source_vocab_size),
                                   ("target", target_tokenizer, target_vocab_size)):
@@ -219,8 +229,6 @@ def make_dataset(
         sources, targets, source_tokenizer, target_tokenizer, max_sentence_length, overlong,
         verbose=verbose,
     )
-    if verbose:
-        print(f"Data: {stats.summary()}")
     if not encoded_sources:
         raise ValueError(
             f"No pair is left after tokenization ({stats.summary()}): check the data "
@@ -228,8 +236,9 @@ def make_dataset(
         )
     _check_ids(encoded_sources, source_vocab_size, name, "source")
     _check_ids(encoded_targets, target_vocab_size, name, "target")
-    stats.batches_per_pass = _batches_per_pass(encoded_sources, encoded_targets, boundaries,
-                                               batch_sizes)
+    _count_batches(stats, encoded_sources, encoded_targets, boundaries, batch_sizes, lengths)
+    if verbose:
+        print(f"Data: {stats.summary()}")
     decoder_inputs = [t[:-1] for t in encoded_targets]
     labels = [t[1:] for t in encoded_targets]
     dataset = tf.data.Dataset.from_tensor_slices((
@@ -312,10 +321,18 @@ def _check_max_sentence_length(value):
         )
 
 
-def _batches_per_pass(encoded_sources, encoded_targets, boundaries, batch_sizes):
-    """Batches in one pass: each bucket yields ceil(pairs / batch size) of them,
-    whatever the order of the pairs."""
-    lengths = [max(len(s), len(t) - 1) for s, t in zip(encoded_sources, encoded_targets)]
-    buckets = np.searchsorted(boundaries, lengths, side="right")
+def _count_batches(stats, encoded_sources, encoded_targets, boundaries, batch_sizes, lengths):
+    """Fills in the batches of one pass (each bucket yields ceil(pairs / batch
+    size) of them, whatever the order of the pairs), the padding share of each
+    side and the number of bucket shapes."""
+    source_lengths = np.array([len(s) for s in encoded_sources])
+    decoder_lengths = np.array([len(t) - 1 for t in encoded_targets])
+    buckets = np.searchsorted(boundaries, np.maximum(source_lengths, decoder_lengths),
+                              side="right")
     counts = np.bincount(buckets, minlength=len(batch_sizes))
-    return int(sum(-(-count // size) for count, size in zip(counts, batch_sizes)))
+    stats.batches_per_pass = int(sum(-(-count // size)
+                                     for count, size in zip(counts, batch_sizes)))
+    positions = float(np.asarray(lengths)[buckets].sum())
+    stats.source_padding = 1.0 - source_lengths.sum() / positions
+    stats.target_padding = 1.0 - decoder_lengths.sum() / positions
+    stats.shapes = int(np.count_nonzero(counts))

@@ -151,3 +151,25 @@ def test_an_id_outside_the_model_vocabulary_names_the_split_the_pair_and_the_id(
                      target_vocab_size=10, name="dev.txt", verbose=False)
     # Without the model's sizes the pipeline has nothing to check against.
     make_dataset(sources, targets, OffByOneTokenizer(), verbose=False)
+
+
+class OneIdPerWordTokenizer:
+    """One id (3) per word: lengths are easy to count by hand."""
+
+    pad_id, bos_id, eos_id, vocab_size = 0, 1, 2, 4
+
+    def tokenize(self, texts):
+        return [[3] * len(text.split()) for text in texts]
+
+
+def test_stats_give_the_padding_share_and_the_bucket_shapes():
+    # Pair 1: source 1 word + EOS = 2, decoder input BOS + 1 word = 2 -> bucket 8.
+    # Pair 2: source 9 words + EOS = 10, decoder input 2 -> bucket 16.
+    # Positions 8 + 16 = 24: source padding 1 - 12/24, target padding 1 - 4/24.
+    _, stats = make_dataset(["a", "a b c d e f g h i"], ["x", "y"], OneIdPerWordTokenizer(),
+                            max_sentence_length=16, tokens_per_batch=64, verbose=False)
+    assert stats.shapes == 2 and stats.batches_per_pass == 2
+    assert stats.source_padding == pytest.approx(0.5)
+    assert stats.target_padding == pytest.approx(1 - 4 / 24)
+    assert "2 bucket shapes, padding 50% of source and 83% of target positions" in \
+        stats.summary()

@@ -79,6 +79,9 @@ def build_parser(name, description, defaults):
                            "pairs are dropped")
     data.add_argument("--tokens-per-batch", type=int, default=4096,
                       help="token budget per batch and side, padding included (paper: ~25000)")
+    data.add_argument("--bucket-width", type=int, default=8,
+                      help="length step of the batching buckets: smaller pads less but "
+                           "compiles more train-step shapes")
 
     model = parser.add_argument_group("model (TransformerConfig; unset options keep the preset)")
     model.add_argument("--preset", choices=PRESETS, default="small",
@@ -130,7 +133,7 @@ def check_args(parser, args):
     """Rejects impossible values with one line instead of a traceback later,
     then quiets the native logs (before TensorFlow loads)."""
     for name in ("steps", "checkpoint_every", "keep_checkpoints", "vocab_size",
-                 "max_sentence_length", "max_length",
+                 "max_sentence_length", "max_length", "bucket_width",
                  "tokens_per_batch", "beam_size", "eval_limit"):
         value = getattr(args, name, None)
         if value is not None and value <= 0:
@@ -264,6 +267,7 @@ def run(args, splits, name):
     dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
                         max_sentence_length=args.max_sentence_length,
                         tokens_per_batch=args.tokens_per_batch,
+                        bucket_width=args.bucket_width,
                         batch_multiple=distributed.batch_multiple,
                         source_vocab_size=config.vocab_size,
                         target_vocab_size=config.resolved_target_vocab_size)

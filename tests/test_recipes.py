@@ -112,7 +112,7 @@ def test_quickstart_smoke_run_in_mixed_precision(tmp_path, precision):
     results = quickstart.main([
         "--run-dir", str(tmp_path / "run"), "--steps", "3", "--checkpoint-every", "3",
         "--train-pairs", "100", "--test-pairs", "4", "--precision", precision, *TINY_MODEL,
-        "--no-export",
+        "--no-export", "--bucket-width", "4",
     ])
     assert results["steps"] == 3
     losses = [float(row["loss"]) for row in read_log(str(tmp_path / "run"))]

@@ -315,14 +315,16 @@ def run(args, splits, name):
         start = time.time()
         # Resumes from the backup: after a kill, or with nothing left to train
         # when only the final save was missing.
-        fit_steps(model, train_dataset, args.run_dir, total_steps,
-                  checkpoint_every=min(args.checkpoint_every, total_steps),
-                  validation_dataset=validation_dataset, keep_checkpoints=args.keep_checkpoints,
-                  verbose=args.verbose)
+        every = min(args.checkpoint_every, total_steps)
+        history = fit_steps(model, train_dataset, args.run_dir, total_steps,
+                            checkpoint_every=every, validation_dataset=validation_dataset,
+                            keep_checkpoints=args.keep_checkpoints, verbose=args.verbose)
         steps = optimizer_step(model)
         if "training" not in phases:
             train_seconds = time.time() - start
-            print(f"Trained {steps} steps in {train_seconds:.0f} s")
+            now = len(history.epoch) * every
+            print(f"Trained {steps} steps in {train_seconds:.0f} s" if now == steps else
+                  f"Trained to step {steps} ({now} steps in this run) in {train_seconds:.0f} s")
             finish("training", recipe=name, backend=keras.backend.backend(), steps=steps,
                    train_seconds=round(train_seconds, 1), parameters=model.count_params())
         run_dir.save_model(model, model_path)

@@ -23,11 +23,19 @@ compile, then timed `--repeats` times (median). Reported: seconds per batch,
 milliseconds per new token (per step, whole batch), the ratio time(256) /
 time(32) of the cached search, and the uncached / cached time at 128.
 
+With `--ctranslate2`, the same model (same weights, the same EOS bias) is also
+converted with `keras_transformer.inference.ctranslate2_export.convert_model`, in
+fp32 and int8, and decoded by CTranslate2 (`translate_batch`, 2 threads, its
+own length penalty 0.6 for beam search, `min_decoding_length =
+max_decoding_length = n`): the peer of issue 18, and the ratios ours / CTranslate2.
+
     KERAS_BACKEND=jax python benchmarks/decoding.py
+    KERAS_BACKEND=jax python benchmarks/decoding.py --no-uncached --ctranslate2
     KERAS_BACKEND=torch python benchmarks/decoding.py --batch-size 1 --lengths 32,128
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -129,6 +137,51 @@ class UncachedSearch:
         return alive[:, 0, 1:]
 
 
+class _Vocabulary:
+    """Token strings for the benchmark's random ids: what the CTranslate2
+    converter needs of a tokenizer."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+        self.pad_id, self.bos_id, self.eos_id = common.PAD_ID, common.BOS_ID, common.EOS_ID
+        self.unk_id = common.VOCABULARY.unk_id
+
+    def id_to_token(self, token_id):
+        return f"t{token_id}"
+
+
+def ctranslate2_peer(model, source, directory, quantization):
+    """A function (n, beam_size) -> (batch, n) ids: CTranslate2 decoding the
+    same weights with exactly n new tokens."""
+    import ctranslate2
+
+    from keras_transformer.inference.ctranslate2_export import convert_model
+
+    vocabulary = _Vocabulary(model.config.resolved_target_vocab_size)
+    path = os.path.join(directory, quantization)
+    convert_model(model, vocabulary, vocabulary, path,
+                  quantization=None if quantization == "fp32" else quantization)
+    # The benchmark's sources have no EOS (ours decodes them as they are), so
+    # CTranslate2 must not append one either.
+    config_path = os.path.join(path, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["add_source_eos"] = False
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    translator = ctranslate2.Translator(path, device="cpu", intra_threads=2)
+    pieces = [[f"t{i}" for i in row] for row in np.asarray(source).tolist()]
+
+    def translate(n, beam_size):
+        outputs = translator.translate_batch(
+            pieces, beam_size=beam_size, length_penalty=0.6, min_decoding_length=n,
+            max_decoding_length=n)
+        return np.array([[int(token[1:]) for token in output.hypotheses[0]]
+                         for output in outputs])
+
+    return translate
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[-1],
@@ -145,6 +198,8 @@ def main(argv=None):
     parser.add_argument("--bucket", type=int, default=16,
                         help="uncached prefixes are padded to a multiple of this")
     parser.add_argument("--no-uncached", action="store_true", help="cached searches only")
+    parser.add_argument("--ctranslate2", action="store_true",
+                        help="also CTranslate2 fp32 and int8 on the same weights")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes to check that the script runs (figures meaningless)")
     args = parser.parse_args(argv)
@@ -187,6 +242,14 @@ def main(argv=None):
     if not args.no_uncached:
         methods["greedy_uncached"] = lambda n: uncached.greedy(source, n)
         methods["beam_uncached"] = lambda n: uncached.beam(source, n, k)
+    if args.ctranslate2:
+        import tempfile
+
+        peers_dir = tempfile.TemporaryDirectory(prefix="decoding-ctranslate2-")
+        for quantization in ("fp32", "int8"):
+            translate = ctranslate2_peer(model, source, peers_dir.name, quantization)
+            methods[f"greedy_ct2_{quantization}"] = lambda n, t=translate: t(n, 1)
+            methods[f"beam_ct2_{quantization}"] = lambda n, t=translate: t(n, k)
 
     backend = common.backend_name()
     common.progress(f"decoding: backend {backend}, config {args.config}, batch "
@@ -227,6 +290,19 @@ def main(argv=None):
             speedup = seconds[f"{search}_uncached"][middle] / cached[middle]
             summary[search].update(speedup=speedup, speedup_length=int(middle))
             common.progress(f"  {search}: uncached / cached at {middle} tokens = {speedup:.2f}x")
+    if args.ctranslate2:
+        summary["ours_over_ctranslate2"] = {
+            f"{search}_{quantization}": {
+                n: seconds[f"{search}_cached"][n] / seconds[f"{search}_ct2_{quantization}"][n]
+                for n in seconds[f"{search}_cached"]}
+            for search in ("greedy", "beam") for quantization in ("fp32", "int8")}
+        for name, ratios in summary["ours_over_ctranslate2"].items():
+            common.progress(f"  ours / CTranslate2 {name}: " + ", ".join(
+                f"{n}: {ratio:.2f}" for n, ratio in ratios.items()))
+        same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_ct2_fp32", n]))
+                for n in lengths]
+        summary["greedy_ct2_fp32_matches_cached"] = min(same)
+        common.progress(f"  greedy: CTranslate2 fp32 tokens equal to ours: {min(same):.1%}")
     if not args.no_uncached:
         same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_uncached", n]))
                 for n in lengths]

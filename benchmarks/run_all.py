@@ -229,6 +229,7 @@ def report(results, backends, args, started):
 # Sections of RESULTS.md that other scripts' runs write (by hand, from their
 # printed tables); a run of this script keeps them.
 KEPT_SECTIONS = ("## Id checks in `Transformer.fit` (benchmarks/id_check.py)",
+                 "## Decoding against CTranslate2 on the same weights (benchmarks/decoding.py --ctranslate2)",
                  "## CTranslate2 export: quality and speed (benchmarks/ctranslate2_quality.py)",
                  "## Serving (benchmarks/serving.py)")
 

@@ -359,15 +359,18 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
 
         # The candidates that end within the best beam_size compete with the
         # finished hypotheses for the num_return places; a tie keeps the
-        # hypothesis that finished first.
+        # hypothesis that finished first. (Masking the candidates outside the
+        # beam, rather than slicing them off, keeps XLA's loop fast: with the
+        # slices, beam search ran 10x slower on a CPU.)
+        in_beam = ops.less(ops.arange(2 * beam_size), beam_size)[None, :]
         ended_scores = ops.where(
-            ends[:, :beam_size],
-            top_log_probs[:, :beam_size] / length_penalty(index + 1, alpha),
+            ops.logical_and(ends, in_beam),
+            top_log_probs / length_penalty(index + 1, alpha),
             _NEG_INF,
         )
         pool_scores = ops.concatenate([finished_scores, ended_scores], axis=1)
         pool_sequences = ops.concatenate(
-            [finished_sequences, top_sequences[:, :beam_size]], axis=1)
+            [finished_sequences, top_sequences], axis=1)
         best = _best_first(pool_scores, num_return)
         finished_scores = ops.take_along_axis(pool_scores, best, axis=1)
         finished_sequences = ops.take_along_axis(pool_sequences, best[:, :, None], axis=1)

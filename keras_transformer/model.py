@@ -205,12 +205,15 @@ class Transformer(keras.Model):
 
         * "self": one `(keys, values)` pair per decoder block, the causal
           self-attention's keys and values of the positions decoded so far,
-          (batch, max_length, num_heads, key_dim) and (batch, max_length,
-          num_heads, value_dim), zeros until written;
+          (batch, max_length, num_heads * key_dim) and (batch, max_length,
+          num_heads * value_dim), zeros until written;
         * "cross": one `(keys, values)` pair per decoder block, the
           encoder-decoder attention's projections of `encoder_outputs`,
-          (batch, S, num_heads, key_dim) and (batch, S, num_heads, value_dim),
-          computed here once and read at every step.
+          (batch, S, num_heads * key_dim) and (batch, S, num_heads *
+          value_dim), computed here once and read at every step.
+
+        The heads lie side by side in the last axis, as the decoding step
+        reads them (`MultiHeadAttention.initial_cache` says why).
 
         Keys and values are separate tensors, so d_k and d_v may differ (Table
         3, row B).
@@ -243,6 +246,29 @@ class Transformer(keras.Model):
         taken = [tuple(ops.take(part, indices, axis=0) for part in pair)
                  for pair in cache["self"]]
         return {"self": taken, "cross": cache["cross"]}
+
+    def grow_cache(self, cache, max_length):
+        """The cache with room for `max_length` positions (§6.1).
+
+        The decoding loops start with a small self-attention cache and grow it
+        as the hypotheses do (`keras_transformer.inference.search.cache_phases`),
+        since a step's cost follows the cache's size.
+
+        Args:
+            cache: A cache from `initial_cache` or `decode`.
+            max_length: The new room, at least the present one; the new
+                positions are zeros until written.
+
+        Returns:
+            The cache with every self-attention pair padded to `max_length`
+            positions (the cross-attention caches as they were).
+        """
+        def grow(part):
+            extra = max_length - ops.shape(part)[1]
+            return ops.pad(part, [(0, 0), (0, extra), (0, 0)])
+
+        grown = [tuple(grow(part) for part in pair) for pair in cache["self"]]
+        return {"self": grown, "cross": cache["cross"]}
 
     def decode(
         self,

@@ -22,6 +22,14 @@ longest allowed hypothesis), so the loop is a `keras.ops.while_loop` that
 compiles with `jax.jit` and `tf.function(jit_compile=True)`. Sizes are read
 with `ops.shape`, so the loops also trace with an unknown batch size and
 source width (the SavedModel, where XLA fixes them per input shape).
+
+A step attends over every slot of the self-attention cache, and beam search
+copies every slot when it reorders the cache after its parents, so a step
+costs in proportion to the cache's size, not to the positions decoded. The
+loop therefore runs in phases (`cache_phases`): the cache starts with room for
+32 positions and doubles between phases, up to the buffer's length, so that
+a step touches at most about twice the positions decoded so far. A phase is
+one more compiled loop body, so short buffers keep one phase.
 """
 
 from keras import ops
@@ -38,6 +46,8 @@ WIDTH_MULTIPLE = 8
 SINUSOIDAL_SOURCE_LIMIT = 1024
 
 _NEG_INF = float("-inf")
+# The self-attention cache's room in the first phase of a decoding loop.
+FIRST_CACHE_PHASE = 32
 
 
 def length_penalty(length, alpha):
@@ -179,6 +189,51 @@ def source_width(longest, max_source_length):
     return _maximum(longest, _minimum(width, max_source_length))
 
 
+def cache_phases(buffer_length):
+    """The self-attention cache's sizes in the phases of a decoding loop.
+
+    Phase i decodes the positions below `sizes[i]` with a cache of that many
+    slots; the cache grows between phases. The sizes double from
+    `FIRST_CACHE_PHASE` while the doubled size still fits in the buffer, and
+    the last is the buffer's length, so no phase is shorter than the one
+    before it.
+
+    Args:
+        buffer_length: The decoder positions of the longest hypothesis (BOS
+            included), an int, or a tensor while tracing with an unknown
+            source width (then one phase: its size is not known yet).
+
+    Returns:
+        A list of sizes, ascending, ending with `buffer_length`.
+
+    >>> cache_phases(256), cache_phases(306), cache_phases(60)
+    ([32, 64, 128, 256], [32, 64, 128, 306], [60])
+    """
+    if not isinstance(buffer_length, int):
+        return [buffer_length]
+    sizes, size = [], FIRST_CACHE_PHASE
+    while 2 * size <= buffer_length:
+        sizes.append(size)
+        size *= 2
+    return sizes + [buffer_length]
+
+
+def _phased_loop(model, cond, body, state, buffer_length):
+    """`ops.while_loop(cond, body, state)` in the phases of `cache_phases`.
+
+    `state` is `(index, ..., self_cache)`: the step index first and the
+    self-attention caches last. `cond(phase_end, *state)` says whether to go
+    on within a phase that ends at `phase_end`.
+    """
+    phases = cache_phases(buffer_length)
+    for phase_end in phases:
+        if len(phases) > 1:
+            grown = model.grow_cache({"self": state[-1], "cross": None}, phase_end)
+            state = (*state[:-1], grown["self"])
+        state = ops.while_loop(lambda *s, end=phase_end: cond(end, *s), body, state)
+    return state
+
+
 def _minimum(a, b):
     return min(a, b) if isinstance(a, int) and isinstance(b, int) else ops.minimum(a, b)
 
@@ -246,7 +301,8 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length):
     pad_id = model.config.pad_id
     batch_size = ops.shape(source_ids)[0]
     encoded, source_mask = model.encode(source_ids, training=False)
-    cache = model.initial_cache(encoded, buffer_length)
+    phases = cache_phases(buffer_length)
+    cache = model.initial_cache(encoded, phases[0])
     bos_id, eos_id = special_ids[0], special_ids[1]
     sequences = ops.concatenate(
         [ops.ones((batch_size, 1), "int32") * bos_id,
@@ -256,9 +312,9 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length):
     scores = ops.zeros((batch_size,), "float32")
     finished = ops.zeros((batch_size,), "bool")
 
-    def cond(index, sequences, scores, finished, self_cache):
+    def cond(phase_end, index, sequences, scores, finished, self_cache):
         return ops.logical_and(
-            ops.less(index, buffer_length), ops.logical_not(ops.all(finished))
+            ops.less(index, phase_end), ops.logical_not(ops.all(finished))
         )
 
     def body(index, sequences, scores, finished, self_cache):
@@ -281,7 +337,7 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length):
     # Only the self-attention caches change; the cross-attention ones are
     # constants of the loop.
     state = (ops.convert_to_tensor(0, "int32"), sequences, scores, finished, cache["self"])
-    _, sequences, scores, _, _ = ops.while_loop(cond, body, state)
+    _, sequences, scores, _, _ = _phased_loop(model, cond, body, state, buffer_length)
     return sequences[:, 1:], scores
 
 
@@ -297,7 +353,8 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     # Rows of the flat (batch * beam) tensors are sentence-major: b * beam + k.
     # Every beam of a sentence reads the same source, so its cross-attention
     # cache never needs reordering.
-    cache = model.initial_cache(ops.repeat(encoded, beam_size, axis=0), buffer_length)
+    cache = model.initial_cache(ops.repeat(encoded, beam_size, axis=0),
+                                cache_phases(buffer_length)[0])
     source_mask = ops.repeat(source_mask, beam_size, axis=0)
 
     alive_sequences = ops.concatenate(
@@ -322,13 +379,13 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
         flat = ops.reshape(tensor, (flat_size, *ops.shape(tensor)[2:]))
         return ops.take(flat, beam_indices + batch_offsets, axis=0)
 
-    def cond(index, alive_sequences, alive_log_probs, finished_sequences,
+    def cond(phase_end, index, alive_sequences, alive_log_probs, finished_sequences,
              finished_scores, self_cache):
         # A sentence is decided when the best score an alive hypothesis could
         # still reach does not beat its num_return-th finished one.
         best_possible = alive_log_probs[:, 0] / max_penalty
         undecided = ops.any(ops.less(finished_scores[:, num_return - 1], best_possible))
-        return ops.logical_and(ops.less(index, buffer_length), undecided)
+        return ops.logical_and(ops.less(index, phase_end), undecided)
 
     def body(index, alive_sequences, alive_log_probs, finished_sequences,
              finished_scores, self_cache):
@@ -389,7 +446,7 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
 
     state = (ops.convert_to_tensor(0, "int32"), alive_sequences, alive_log_probs,
              finished_sequences, finished_scores, cache["self"])
-    state = ops.while_loop(cond, body, state)
+    state = _phased_loop(model, cond, body, state, buffer_length)
     finished_sequences, finished_scores = state[3][:, :, 1:], state[4]
     if num_return == 1:
         return finished_sequences[:, 0], finished_scores[:, 0]

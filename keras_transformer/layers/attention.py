@@ -72,9 +72,10 @@ class MultiHeadAttention(keras.layers.Layer):
             to key s. Combined with the other masks by logical AND.
         use_causal_mask: Whether query t may only attend to keys s <= t (with a
             cache: to keys s <= cache_update_index + t).
-        cache: A `(keys, values)` pair of (batch, S_max, num_heads, key_dim) and
-            (batch, S_max, num_heads, value_dim) tensors, from `initial_cache`
-            or `precompute_cache`. With `cache_update_index`, the keys and
+        cache: A `(keys, values)` pair of (batch, S_max, num_heads * key_dim)
+            and (batch, S_max, num_heads * value_dim) tensors, from
+            `initial_cache` or `precompute_cache` (heads side by side in the
+            last axis: see `initial_cache`). With `cache_update_index`, the keys and
             values of this call's positions are written into it at that index
             (self-attention decoding). Without it, the cache holds precomputed
             keys and values and `key`/`value` are ignored (cross-attention
@@ -183,14 +184,22 @@ class MultiHeadAttention(keras.layers.Layer):
     def initial_cache(self, batch_size, length):
         """An empty self-attention cache with room for `length` positions.
 
+        The heads lie side by side in the last axis, the layout in which the
+        decoding step reads them (`_single_query_attention`). Kept as
+        (batch, length, heads, width), the step's write into the cache and
+        its read through a reshape became two fusions under XLA, each with a
+        private copy of the whole cache: four copies per step, which made a
+        step's cost grow with the cache (benchmarks/decoding.py).
+
         Returns:
-            `(keys, values)`: (batch_size, length, num_heads, key_dim) and
-            (batch_size, length, num_heads, value_dim) zeros in the compute dtype.
+            `(keys, values)`: (batch_size, length, num_heads * key_dim) and
+            (batch_size, length, num_heads * value_dim) zeros in the compute
+            dtype.
         """
         heads = self._num_heads
         return (
-            ops.zeros((batch_size, length, heads, self._key_dim), self.compute_dtype),
-            ops.zeros((batch_size, length, heads, self._value_dim), self.compute_dtype),
+            ops.zeros((batch_size, length, heads * self._key_dim), self.compute_dtype),
+            ops.zeros((batch_size, length, heads * self._value_dim), self.compute_dtype),
         )
 
     def precompute_cache(self, value, key=None):
@@ -204,11 +213,20 @@ class MultiHeadAttention(keras.layers.Layer):
             key: (batch, S, d_key) float tensor; defaults to `value`.
 
         Returns:
-            `(keys, values)`: (batch, S, num_heads, key_dim) and
-            (batch, S, num_heads, value_dim), the `cache` that `call` reads.
+            `(keys, values)`: (batch, S, num_heads * key_dim) and
+            (batch, S, num_heads * value_dim), the `cache` that `call` reads.
         """
         key = value if key is None else key
-        return self.key_dense(key), self.value_dense(value)
+        return self._flat_heads(self.key_dense(key)), self._flat_heads(self.value_dense(value))
+
+    @staticmethod
+    def _flat_heads(x):
+        """(batch, S, heads, width) → (batch, S, heads * width), the cache's layout."""
+        return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], -1))
+
+    def _split_heads(self, x):
+        """(batch, S, heads * width) → (batch, S, heads, width)."""
+        return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], self._num_heads, -1))
 
     def call(
         self,
@@ -236,9 +254,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 # Keys and values are two tensors, so d_k and d_v may differ,
                 # and a loop that carries them updates each one in place.
                 key_cache, value_cache = cache
-                start = [0, cache_update_index, 0, 0]
-                k = ops.slice_update(key_cache, start, ops.cast(k, key_cache.dtype))
-                v = ops.slice_update(value_cache, start, ops.cast(v, value_cache.dtype))
+                start = [0, cache_update_index, 0]
+                k = ops.slice_update(key_cache, start, ops.cast(self._flat_heads(k), key_cache.dtype))
+                v = ops.slice_update(value_cache, start,
+                                     ops.cast(self._flat_heads(v), value_cache.dtype))
                 cache = (k, v)
 
         mask = self._merge_masks(
@@ -247,6 +266,8 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None and q.shape[1] == 1 and not (training and self._dropout_rate > 0):
             attention_output, scores = self._single_query_attention(q, k, v, mask)
         else:
+            if cache is not None:
+                k, v = self._split_heads(k), self._split_heads(v)
             attention_output, scores = self._compute_attention(
                 q, k, v, mask, return_attention_scores, training
             )
@@ -345,15 +366,15 @@ class MultiHeadAttention(keras.layers.Layer):
 
         Args:
             query: (batch, 1, num_heads, key_dim).
-            key: (batch, S, num_heads, key_dim).
-            value: (batch, S, num_heads, value_dim).
+            key: (batch, S, num_heads * key_dim), the cache's layout.
+            value: (batch, S, num_heads * value_dim).
             mask: (batch or 1, 1, 1, S) bool, True where attention is allowed.
 
         Returns:
             (batch, 1, num_heads, value_dim) outputs and the (batch, num_heads,
             1, S) float32 attention weights.
         """
-        batch, length = ops.shape(key)[0], ops.shape(key)[1]
+        batch = ops.shape(key)[0]
         heads, key_dim, value_dim = self._num_heads, self._key_dim, self._value_dim
         dtype = key.dtype
         query = ops.cast(query, dtype) * ops.cast(1.0 / math.sqrt(key_dim), dtype)
@@ -362,13 +383,11 @@ class MultiHeadAttention(keras.layers.Layer):
         spread = ops.reshape(
             query[:, 0, :, :, None] * blocks[None, :, None, :], (batch, heads * key_dim, heads)
         )
-        keys = ops.reshape(key, (batch, length, heads * key_dim))
-        logits = ops.cast(ops.matmul(keys, spread), "float32")  # (batch, S, heads)
+        logits = ops.cast(ops.matmul(key, spread), "float32")  # (batch, S, heads)
         if mask is not None:
             logits = ops.where(mask[:, 0, 0, :, None], logits, _MASKED_LOGIT)
         weights = ops.transpose(ops.softmax(logits, axis=1), (0, 2, 1))  # (batch, heads, S)
-        values = ops.reshape(value, (batch, length, heads * value_dim))
-        mixed = ops.matmul(ops.cast(weights, value.dtype), values)  # (batch, heads, heads·d_v)
+        mixed = ops.matmul(ops.cast(weights, value.dtype), value)  # (batch, heads, heads·d_v)
         mixed = ops.reshape(mixed, (batch, heads, heads, value_dim))
         output = ops.sum(mixed * ops.cast(blocks, value.dtype)[None, :, :, None], axis=2)
         return output[:, None], weights[:, :, None, :]

@@ -201,12 +201,12 @@ class DecoderBlock(_Block):
         decoder_padding_mask: (batch, T) bool, True for real target tokens.
         encoder_padding_mask: (batch, S) bool, True for real source tokens.
         self_attention_cache: The self-attention's `(keys, values)` cache,
-            (batch, T_max, num_heads, key_dim) and (batch, T_max, num_heads,
+            (batch, T_max, num_heads * key_dim) and (batch, T_max, num_heads *
             value_dim), from `initial_cache` or the previous step.
         cache_update_index: int scalar, the position of `inputs[:, 0]`.
         cross_attention_cache: The precomputed `(keys, values)` of
-            `encoder_outputs`, (batch, S, num_heads, key_dim) and (batch, S,
-            num_heads, value_dim), from `initial_cache`; `encoder_outputs` is
+            `encoder_outputs`, (batch, S, num_heads * key_dim) and (batch, S,
+            num_heads * value_dim), from `initial_cache`; `encoder_outputs` is
             then not read.
         return_attention_scores: Whether to also return a dict with the
             self-attention ("self") and cross-attention ("cross") weights.

@@ -177,7 +177,7 @@ def test_cached_self_attention_matches_full_attention(value_dim):
     x = random(2, 6, 8)
     full = to_numpy(layer(x, use_causal_mask=True))
     cache = layer.initial_cache(2, 6)
-    assert [tuple(part.shape) for part in cache] == [(2, 6, 2, 4), (2, 6, 2, value_dim)]
+    assert [tuple(part.shape) for part in cache] == [(2, 6, 2 * 4), (2, 6, 2 * value_dim)]
     steps = []
     for index in range(6):
         output, cache = layer(x[:, index : index + 1], use_causal_mask=True,

@@ -41,8 +41,27 @@ def _translator(path, max_source_length=None):
 _BATCH_SIZE = 32
 
 
+def _sampling(args):
+    """A `Sampling` from --sample and its options, or None for beam search."""
+    from keras_transformer.inference.decoding import Sampling
+
+    given = [flag for flag, name in (("--temperature", "temperature"), ("--top-k", "top_k"),
+                                     ("--top-p", "top_p"), ("--seed", "seed"))
+             if getattr(args, name) is not None]
+    if not args.sample:
+        if given:
+            raise ValueError(f"{', '.join(given)} set(s) sampling: add --sample to sample "
+                             "instead of running beam search.")
+        return None
+    defaults = Sampling()
+    return Sampling(**{name: getattr(defaults, name) if getattr(args, name) is None
+                       else getattr(args, name)
+                       for name in ("temperature", "top_k", "top_p", "seed")})
+
+
 def _translate(args):
-    if args.n_best is not None and args.n_best > args.beam_size:
+    sampling = _sampling(args)
+    if sampling is None and args.n_best is not None and args.n_best > args.beam_size:
         raise ValueError(f"--n-best {args.n_best} is more than --beam-size {args.beam_size}: "
                          "beam search keeps beam-size hypotheses, so raise --beam-size.")
     translator = _translator(args.model, args.max_source_length)
@@ -57,7 +76,7 @@ def _translate(args):
             batch_size = args.batch_size or 1
             print("Translating each line typed; end with Ctrl-D.", file=sys.stderr)
         lines = _stream_lines(stdin)
-    search = dict(beam_size=args.beam_size, alpha=args.alpha)
+    search = dict(beam_size=args.beam_size, alpha=args.alpha, sampling=sampling)
     _write_translations(translator, lines, sys.stdout, batch_size, args.n_best, search, unit)
 
 
@@ -90,9 +109,12 @@ def _write_translations(translator, lines, out, batch_size, n_best, search, unit
         with warnings.catch_warnings():
             # Said below, with the input's own line numbers.
             warnings.simplefilter("ignore", SourceTruncatedWarning)
+            # Input line numbers name the random streams of sampling, so a
+            # line's samples do not depend on --batch-size.
             translations, scores, truncated = translator.translate(
                 [batch[row] for row in rows], batch_size=batch_size, num_return=num_return,
-                return_scores=True, return_truncated=True, **search)
+                return_scores=True, return_truncated=True,
+                stream_ids=[first + row for row in rows], **search)
         if num_return == 1:  # as n-best lists of one
             translations = [[(text, score)] for text, score in zip(translations, scores)]
         hypotheses = [[("", 0.0)] * num_return for _ in batch]  # (text, score) pairs
@@ -230,6 +252,20 @@ def _positive_int(text):
     return value
 
 
+def _non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def _probability(text):
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return value
+
+
 def _positive_ints(text):
     try:
         values = [int(part) for part in text.split(",")]
@@ -273,8 +309,14 @@ INDEX is the input's line number counted from 0, SCORE is log P(Y|X) / lp(Y)
 with 4 decimals (§6.1), higher is better. An empty input line gives N lines
 with score 0.0000 and an empty translation.
 
+--sample draws each token instead of running beam search (--temperature,
+--top-k, --top-p, --seed); with --n-best N it writes N samples per input, in
+the order drawn, and SCORE is log P(Y|X). A line's samples depend on the seed
+and its line number only, so the same command gives the same output.
+
   keras-transformer translate runs/quickstart < test.src > test.hyp
-  keras-transformer translate runs/quickstart --n-best 4 < test.src | cut -f3"""
+  keras-transformer translate runs/quickstart --n-best 4 < test.src | cut -f3
+  keras-transformer translate runs/quickstart --sample --top-p 0.9 --seed 1 < test.src"""
 
 
 def build_parser():
@@ -307,6 +349,16 @@ def build_parser():
                                 "INDEX<TAB>SCORE<TAB>TRANSLATION lines (see below); "
                                 "N <= --beam-size")
     _add_search_options(translate)
+    sampling = translate.add_argument_group("sampling (instead of beam search)")
+    sampling.add_argument("--sample", action="store_true",
+                          help="draw each token from the model's distribution")
+    sampling.add_argument("--temperature", type=_positive_float,
+                          help="divide the logits by this (default 1)")
+    sampling.add_argument("--top-k", type=_non_negative_int,
+                          help="keep the k most probable tokens (default 0: all)")
+    sampling.add_argument("--top-p", type=_probability,
+                          help="keep the most probable tokens up to this mass (default 1: all)")
+    sampling.add_argument("--seed", type=_non_negative_int, help="random seed (default 0)")
     _add_source_limit(translate, _TRANSLATOR_LIMIT)
     translate.set_defaults(run=_translate)
 

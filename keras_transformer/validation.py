@@ -79,6 +79,22 @@ def check_non_negative_number(name, value, hint=""):
     return float(value)
 
 
+def check_positive_number(name, value, hint=""):
+    """Returns `value` as a float if it is a finite number > 0, else raises
+    ValueError."""
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        _fail(name, value, "a finite number > 0", hint)
+    return float(value)
+
+
+def check_unit_interval(name, value, hint=""):
+    """Returns `value` as a float if it is a number in (0, 1] (a probability
+    mass to keep), else raises ValueError."""
+    if not _is_real(value) or not 0 < value <= 1:
+        _fail(name, value, "a number in (0, 1]", hint)
+    return float(value)
+
+
 def check_choice(name, value, choices):
     """Returns `value` if it is one of `choices`, else raises ValueError."""
     if value not in choices:

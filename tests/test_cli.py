@@ -98,6 +98,30 @@ def test_n_best_writes_index_score_and_translation_per_hypothesis(command_line):
     assert [text for _, _, text in rows[::2]] == best.splitlines()
 
 
+def test_sampled_translations_do_not_depend_on_the_batch_size(command_line):
+    stdin = "\n".join(LINES) + "\n"
+    sample = ["translate", "run", "--sample", "--top-k", "5", "--seed", "3"]
+    whole, _ = command_line([*sample, "--batch-size", "8"], stdin=stdin)
+    one_by_one, _ = command_line([*sample, "--batch-size", "1"], stdin=stdin)
+    assert whole == one_by_one
+    assert len(whole.splitlines()) == len(LINES) and whole.splitlines()[1] == ""
+    samples, _ = command_line([*sample, "--n-best", "3"], stdin=stdin)
+    rows = [re.fullmatch(r"(\d+)\t(-?\d+\.\d{4})\t(.*)", line).groups()
+            for line in samples.splitlines()]
+    assert [int(index) for index, _, _ in rows] == [i for i in range(len(LINES)) for _ in "abc"]
+    # The n-best's first sample of each line is that line's single sample.
+    assert [text for _, _, text in rows[::3]] == whole.splitlines()
+
+
+def test_sampling_options_without_sample_are_refused(command_line, monkeypatch):
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["translate", "run", "--top-p", "0.9", "--seed", "1"])
+    assert exit_info.value.code == 2
+    assert "--top-p, --seed set(s) sampling: add --sample" in stderr.getvalue()
+
+
 def test_each_batch_is_written_and_flushed_before_more_is_read(command_line):
     events = []
 

@@ -1,11 +1,12 @@
-"""§6.1 Inference: greedy and beam-search decoding, and a text-to-text translator."""
+"""§6.1 Inference: greedy, sampling and beam-search decoding, and a text-to-text translator."""
 
 from keras_transformer.inference.decoding import (
     beam_search,
     greedy_search,
     length_penalty,
+    sample_search,
 )
 from keras_transformer.inference.translator import SourceTruncatedWarning, Translator
 
 __all__ = ["SourceTruncatedWarning", "Translator", "beam_search", "greedy_search",
-           "length_penalty"]
+           "length_penalty", "sample_search"]

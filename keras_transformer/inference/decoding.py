@@ -1,8 +1,10 @@
-"""§6.1 Machine Translation: greedy search and beam search with a key/value cache.
+"""§6.1 Machine Translation: greedy search, sampling and beam search with a key/value cache.
 
 The paper decodes with "beam search with a beam size of 4 and length penalty
 α = 0.6", a maximum output length of "input length + 50", and terminates early
-when possible. `greedy_search` and `beam_search` take a batch of encoder inputs
+when possible. `sample_search` (beyond the paper) draws each token instead,
+with temperature, top-k and top-p, reproducibly for a seed.
+`greedy_search`, `sample_search` and `beam_search` take a batch of encoder inputs
 as NumPy arrays and give NumPy results: they check their arguments, compile
 the search of `keras_transformer.inference.search` for the backend
 (`keras_transformer.backend.compile_inference`: `jax.jit`,
@@ -11,6 +13,7 @@ cache the compiled functions per model and per search setting, so JAX and
 TensorFlow reuse them for every batch of the same shape.
 """
 
+import dataclasses
 import weakref
 
 import numpy as np
@@ -25,8 +28,9 @@ from keras_transformer.inference.search import (
     traced_search,
 )
 
-__all__ = ["LENGTH_OFFSET", "beam_search", "check_model", "check_search_options",
-           "greedy_search", "length_penalty", "source_width", "traced_search"]
+__all__ = ["LENGTH_OFFSET", "Sampling", "beam_search", "check_model", "check_sampling_options",
+           "check_search_options", "greedy_search", "length_penalty", "sample_search",
+           "source_width", "traced_search"]
 
 
 def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_return=1):
@@ -52,6 +56,48 @@ def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_ret
             f"num_return={num_return} is more than beam_size={beam_size}: beam search "
             f"finishes at most beam_size hypotheses a step, so raise beam_size to at least "
             f"{num_return} or ask for fewer.")
+
+
+def check_sampling_options(temperature=1.0, top_k=0, top_p=1.0, seed=0, num_return=1):
+    """Raises a ValueError that names a bad sampling setting.
+
+    Args:
+        temperature: A number > 0.
+        top_k: An integer >= 0 (0: no top-k filter).
+        top_p: A number in (0, 1] (1: no nucleus filter).
+        seed: An integer in [0, 2^31).
+        num_return: Samples per sentence, a positive integer.
+    """
+    validation.check_positive_number("temperature", temperature,
+                                     "1 samples from the model's distribution")
+    validation.check_non_negative_int("top_k", top_k, "0 keeps every token")
+    validation.check_unit_interval("top_p", top_p, "1 keeps every token")
+    if validation.check_non_negative_int("seed", seed) >= 2**31:
+        raise ValueError(f"seed={seed!r} must be below 2**31.")
+    validation.check_positive_int("num_return", num_return, "1 sample per sentence")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """The settings of `sample_search`, checked when made.
+
+    `Translator.translate(sentences, sampling=Sampling(top_p=0.9, seed=1))`
+    samples instead of running beam search.
+
+    Args:
+        temperature: > 0; below 1 sharpens the distribution, above 1 flattens.
+        top_k: Keep only the k most probable tokens; 0 keeps all.
+        top_p: Keep the most probable tokens up to this total probability.
+        seed: An integer in [0, 2^31).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        check_sampling_options(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 def check_model(model):
@@ -97,6 +143,80 @@ def greedy_search(model, source_ids, bos_id, eos_id, max_output_length=None):
     >>> ids, scores = greedy_search(model, source_ids, bos_id=2, eos_id=3)
     """
     return _search(model, source_ids, bos_id, eos_id, max_output_length, None, 0.0)
+
+
+def sample_search(model, source_ids, bos_id, eos_id, temperature=1.0, top_k=0, top_p=1.0,
+                  seed=0, max_output_length=None, num_return=1, stream_ids=None):
+    """Sampling: at every step, a token drawn from the model's distribution.
+
+    Beyond the paper, which decodes with beam search: sampling gives diverse
+    outputs (back-translation, several candidates per sentence). Each step
+    draws from softmax(logits / temperature), restricted to the `top_k` most
+    probable tokens and then to the smallest set of the most probable ones
+    whose probability reaches `top_p` (nucleus sampling), renormalised. It
+    runs the same compiled, cached loop as greedy search, with the same
+    length limits; the padding and BOS ids are never drawn.
+
+    The draws are reproducible: sample j of sentence i takes its random
+    numbers from a hash of (`seed`, the sentence's stream id, j, the step),
+    so the same sentence with the same seed and stream id gives the same
+    output on a given backend, whatever else is in the batch, and its first
+    sample is the same whatever `num_return`. Backends may still differ where their floating
+    point rounds a near-tie differently.
+
+    Args:
+        model: A `keras_transformer.Transformer`.
+        source_ids: (batch, S) int ids fed to the encoder, padded with
+            `model.config.pad_id`.
+        bos_id: Begin-of-sentence id, the first decoder input.
+        eos_id: End-of-sentence id that ends a hypothesis.
+        temperature: > 0; below 1 sharpens the distribution, above 1 flattens.
+        top_k: Keep only the k most probable tokens; 0 keeps all.
+        top_p: Keep the most probable tokens up to this total probability;
+            1 keeps all.
+        seed: An integer in [0, 2^31).
+        max_output_length: As in `greedy_search`.
+        num_return: Independent samples per sentence.
+        stream_ids: (batch,) ints naming each sentence's random stream, or
+            None for its row (0, 1, ...). `Translator` passes each sentence's
+            position in its input, so batching does not change the samples.
+
+    Returns:
+        `(token_ids, scores)` as NumPy arrays: (batch, L) int32 ids after BOS,
+        up to and including EOS, then padding; and (batch,) float32
+        log P(Y | X) of each sample under the model (before temperature and
+        filtering). With `num_return > 1`: (batch, num_return, L) ids and
+        (batch, num_return) scores, in the order drawn.
+
+    Example:
+
+    >>> ids, scores = sample_search(model, source_ids, bos_id=2, eos_id=3,
+    ...                             top_p=0.9, seed=1)
+    """
+    check_sampling_options(temperature, top_k, top_p, seed, num_return)
+    check_model(model)
+    source = _as_int_matrix(source_ids, "source_ids", model.config.vocab_size)
+    batch = len(source)
+    if stream_ids is None:
+        stream_ids = np.arange(batch)
+    stream_ids = np.asarray(stream_ids)
+    if stream_ids.shape != (batch,) or not np.issubdtype(stream_ids.dtype, np.integer):
+        raise ValueError(f"stream_ids must be ({batch},) ints, one per sentence, got shape "
+                         f"{stream_ids.shape} and dtype {stream_ids.dtype}.")
+    # Sample j of sentence i is row i * num_return + j, drawn from the stream
+    # (seed, stream_ids[i], j): its first sample is the single one.
+    streams = np.stack([np.full((batch, num_return), seed),
+                        np.broadcast_to(stream_ids[:, None] % 2**31, (batch, num_return)),
+                        np.broadcast_to(np.arange(num_return), (batch, num_return))],
+                       axis=-1).reshape(batch * num_return, 3).astype("int32")
+    sampling = (float(temperature), int(top_k), float(top_p))
+    token_ids, scores = _search(model, np.repeat(source, num_return, axis=0), bos_id, eos_id,
+                                max_output_length, None, 0.0, sampling=sampling,
+                                streams=streams)
+    if num_return == 1:
+        return token_ids, scores
+    return (token_ids.reshape(batch, num_return, token_ids.shape[-1]),
+            scores.reshape(batch, num_return))
 
 
 def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
@@ -160,7 +280,7 @@ def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
 
 
 def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alpha,
-            num_return=1):
+            num_return=1, sampling=None, streams=None):
     check_model(model)
     config = model.config
     vocab_size = config.resolved_target_vocab_size
@@ -192,9 +312,11 @@ def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alp
     if source_ids.shape[0] == 0:
         return np.zeros((0, *n_best, 0), "int32"), np.zeros((0, *n_best), "float32")
 
-    function = _compiled_search(model, beam_size, max_output_length, num_return)
+    function = _compiled_search(model, beam_size, max_output_length, num_return, sampling)
+    if streams is None:
+        streams = np.zeros((source_ids.shape[0], 3), "int32")  # read by sampling only
     token_ids, scores = function(
-        source_ids, np.array([bos_id, eos_id], "int32"), np.float32(alpha))
+        source_ids, np.array([bos_id, eos_id], "int32"), np.float32(alpha), streams)
     token_ids = ops.convert_to_numpy(token_ids).astype("int32")
     scores = ops.convert_to_numpy(scores).astype("float32")
     lengths = np.sum(token_ids != config.pad_id, axis=-1)
@@ -232,19 +354,20 @@ def _as_int_matrix(values, name, vocab_size):
 
 
 # One dict of compiled searches per model, keyed by (beam_size,
-# max_output_length, num_return): the settings that shape the graph. Ids and α are arguments, so changing them
-# compiles nothing new. The functions reach the model through a weak
-# reference, so the cache does not keep it alive.
+# max_output_length, num_return, sampling): the settings that shape the graph.
+# Ids, α, seeds and stream ids are arguments, so changing them compiles
+# nothing new. The functions reach the model through a weak reference, so
+# the cache does not keep it alive.
 _COMPILED = weakref.WeakKeyDictionary()
 
 
-def _compiled_search(model, beam_size, max_output_length, num_return=1):
+def _compiled_search(model, beam_size, max_output_length, num_return=1, sampling=None):
     functions = _COMPILED.setdefault(model, {})
-    key = (beam_size, max_output_length, num_return)
+    key = (beam_size, max_output_length, num_return, sampling)
     if key not in functions:
-        def search(model, source_ids, special_ids, alpha):
+        def search(model, source_ids, special_ids, alpha, streams):
             return traced_search(model, source_ids, special_ids, alpha, beam_size,
-                                 max_output_length, num_return)
+                                 max_output_length, num_return, sampling, streams)
 
         functions[key] = backend.compile_inference(weakref.ref(model), search)
     return functions[key]

@@ -1,6 +1,8 @@
 """§6.1 Machine Translation: the search itself, as `keras.ops` on tensors.
 
-Greedy search and beam search with the length penalty of Wu et al. (2016),
+Greedy search, sampling (beyond the paper: temperature, top-k and top-p, for
+diverse outputs such as back-translation) and beam search with the length
+penalty of Wu et al. (2016),
 
     lp(Y) = ((5 + |Y|) / 6)^α,        score(Y) = log P(Y | X) / lp(Y),
 
@@ -243,7 +245,7 @@ def _maximum(a, b):
 
 
 def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
-                  max_output_length=None, num_return=1):
+                  max_output_length=None, num_return=1, sampling=None, streams=None):
     """The search as `keras.ops` on tensors: what is compiled and exported.
 
     `greedy_search` and `beam_search` compile this function per backend; the
@@ -259,6 +261,12 @@ def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
         max_output_length: As in `beam_search`.
         num_return: Finished hypotheses returned per sentence by beam search,
             1 <= num_return <= beam_size (unused by greedy search).
+        sampling: None, or `(temperature, top_k, top_p)` to sample each token
+            instead of taking the most probable one (then `beam_size` must be
+            None): see `sample_tokens`.
+        streams: With `sampling`, (batch, 3) int32: each row's seed, stream
+            id and sample number, which fix its random numbers
+            (`uniform_for_stream`).
 
     Returns:
         `(token_ids, scores)`: (batch, buffer_length) int32 ids after BOS,
@@ -270,7 +278,12 @@ def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
     buffer_length, limits = output_limits(
         source_ids, config.pad_id, max_output_length, position_limit(config))
     if beam_size is None:
-        return _greedy_loop(model, source_ids, limits, special_ids, buffer_length)
+        if sampling is None:
+            choose = _most_probable
+        else:
+            def choose(log_probs, index):
+                return sample_tokens(log_probs, uniform_for_stream(streams, index), *sampling)
+        return _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose)
     return _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length,
                       num_return)
 
@@ -297,7 +310,100 @@ def _decode_step(model, token_ids, index, cache, source_mask):
     return logits[:, 0, :], cache
 
 
-def _greedy_loop(model, source_ids, limits, special_ids, buffer_length):
+def _most_probable(log_probs, index):
+    return ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+
+
+# Sampling. Its random numbers come from a counter-based hash, not from
+# `keras.random`: a compiled loop needs them as a pure function of tensors
+# (Keras 3 draws from seed generators or int seeds only), and a hash of
+# (seed, stream, step) gives every sentence its own reproducible sequence,
+# whatever batch it is decoded in.
+
+
+def _mix32(x):
+    """A 32-bit integer hash (Wellons's "lowbias32") in int32 arithmetic.
+
+    Products wrap around modulo 2^32 on every backend; a right shift of a
+    negative int32 is arithmetic, so each shift masks off the copied sign
+    bits (0xFFFF after 16 bits, 0x1FFFF after 15) to act as the logical
+    shift the hash is defined with.
+    """
+    x = ops.bitwise_xor(x, ops.bitwise_and(ops.right_shift(x, 16), 0xFFFF))
+    x = ops.multiply(x, ops.convert_to_tensor(0x7FEB352D, "int32"))
+    x = ops.bitwise_xor(x, ops.bitwise_and(ops.right_shift(x, 15), 0x1FFFF))
+    x = ops.multiply(x, ops.convert_to_tensor(0x846CA68B - 2**32, "int32"))
+    return ops.bitwise_xor(x, ops.bitwise_and(ops.right_shift(x, 16), 0xFFFF))
+
+
+def uniform_for_stream(streams, index):
+    """Uniform numbers in [0, 1), one per row, for decoding step `index`.
+
+    Args:
+        streams: (batch, 3) int32, each row's seed, stream id (its sentence)
+            and sample number (0 for the first sample of the sentence).
+        index: int32 scalar, the step.
+
+    Returns:
+        (batch,) float32, a pure function of (seed, stream, sample, index):
+        the same on every call and every backend.
+    """
+    streams = ops.cast(streams, "int32")
+    x = _mix32(ops.bitwise_xor(streams[:, 0], _mix32(streams[:, 1])))
+    x = _mix32(ops.bitwise_xor(x, streams[:, 2]))
+    x = _mix32(ops.bitwise_xor(x, ops.cast(index, "int32")))
+    # The top 24 bits: every value is exact in float32.
+    return ops.cast(ops.bitwise_and(ops.right_shift(x, 8), 0xFFFFFF), "float32") / 2.0**24
+
+
+def sample_tokens(log_probs, uniform, temperature=1.0, top_k=0, top_p=1.0):
+    """One token per row, drawn from the filtered distribution.
+
+    The distribution is softmax(log_probs / temperature), restricted to the
+    `top_k` most probable tokens (0: all) and renormalised, then restricted to
+    the smallest set of the most probable ones whose probability reaches
+    `top_p` (nucleus sampling, Holtzman et al. 2020) and renormalised again.
+    The draw inverts its cumulative distribution at `uniform`.
+
+    Args:
+        log_probs: (batch, vocab) float32; -inf for tokens never generated.
+        uniform: (batch,) float32 in [0, 1).
+        temperature: > 0; below 1 sharpens, above 1 flattens.
+        top_k: int >= 0.
+        top_p: in (0, 1].
+
+    Returns:
+        (batch,) int32 token ids.
+    """
+    logits = ops.divide(ops.convert_to_tensor(log_probs, "float32"), temperature)
+    vocab_size = log_probs.shape[-1]
+    if top_k or top_p < 1.0:
+        logits, token_ids = ops.top_k(logits, min(top_k or vocab_size, vocab_size))
+    else:
+        token_ids = None  # inverse CDF needs no order
+    # softmax, written out: with top_k=1 the axis has one entry, which
+    # Keras's softmax warns about.
+    probs = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
+    probs = probs / ops.sum(probs, axis=-1, keepdims=True)
+    if top_p < 1.0:
+        # Keep a token while the more probable ones before it sum to less
+        # than top_p: the most probable token is always kept.
+        probs = ops.where(ops.cumsum(probs, axis=-1) - probs < top_p, probs, 0.0)
+    cdf = ops.cumsum(probs, axis=-1)
+    # The first position whose cumulative probability passes the target: a
+    # token of probability 0 (filtered, or never generated) never is. Should
+    # rounding put the target at the total, the most probable token is taken.
+    passes = ops.greater(cdf, ops.multiply(ops.expand_dims(uniform, 1), cdf[:, -1:]))
+    choice = ops.where(ops.any(passes, axis=-1),
+                       ops.argmax(ops.cast(passes, "int32"), axis=-1),
+                       ops.argmax(probs, axis=-1))
+    choice = ops.cast(choice, "int32")
+    if token_ids is None:
+        return choice
+    return ops.take_along_axis(ops.cast(token_ids, "int32"), choice[:, None], axis=1)[:, 0]
+
+
+def _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose=_most_probable):
     pad_id = model.config.pad_id
     batch_size = ops.shape(source_ids)[0]
     encoded, source_mask = model.encode(source_ids, training=False)
@@ -322,8 +428,8 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length):
         logits, step_cache = _decode_step(
             model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask)
         log_probs = _masked_log_probs(logits, pad_id, bos_id)
-        tokens = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
-        token_log_probs = ops.max(log_probs, axis=-1)
+        tokens = choose(log_probs, index)
+        token_log_probs = ops.take_along_axis(log_probs, tokens[:, None], axis=1)[:, 0]
         tokens = ops.where(finished, pad_id, tokens)
         scores = scores + ops.where(finished, 0.0, token_log_probs)
         sequences = ops.slice_update(sequences, (0, index + 1), tokens[:, None])

@@ -13,13 +13,20 @@ without BOS or EOS) and `detokenize(list_of_id_lists) -> list[str]` (which
 ignores special ids).
 """
 
+import dataclasses
 import warnings
 
 import keras
 import numpy as np
 
 from keras_transformer import validation
-from keras_transformer.inference.decoding import beam_search, check_model, check_search_options
+from keras_transformer.inference.decoding import (
+    Sampling,
+    beam_search,
+    check_model,
+    check_search_options,
+    sample_search,
+)
 from keras_transformer.inference.search import source_limit, source_width, truncate_source
 
 __all__ = ["SourceTruncatedWarning", "Translator"]
@@ -68,6 +75,7 @@ class Translator:
     >>> texts, scores = translator.translate(["Ein Hund."], return_scores=True)
     >>> translator.translate(["Ein Hund."], num_return=2)  # the 2 best of the beam
     [[('A dog.', -0.21), ('One dog.', -0.93)]]
+    >>> translator.translate(["Ein Hund."], sampling=Sampling(top_p=0.9, seed=1))
     """
 
     def __init__(self, model, tokenizer, target_tokenizer=None, max_source_length=None):
@@ -155,6 +163,8 @@ class Translator:
         return_truncated=False,
         verbose=0,
         num_return=1,
+        sampling=None,
+        stream_ids=None,
     ):
         """Translates a list of sentences.
 
@@ -174,7 +184,14 @@ class Translator:
                 true where the source was truncated to `max_source_length`.
             verbose: 1 shows a progress bar, 0 is silent.
             num_return: Translations per sentence (an n-best list), from 1 to
-                `beam_size`.
+                `beam_size`; with `sampling`, samples per sentence.
+            sampling: None for beam search, or a `Sampling` to draw each
+                token instead (`sample_search`; `beam_size` and `alpha` are
+                then unused, and scores are log P(Y | X)).
+            stream_ids: With `sampling`, one int per sentence naming its
+                random stream; None numbers the sentences 0, 1, ... as
+                given. A sentence's samples depend on its seed and stream id
+                alone, not on `batch_size` or the other sentences.
 
         Returns:
             The list of translations, in the order of `sentences`; with any
@@ -188,9 +205,21 @@ class Translator:
             is `("", -inf)`.
         """
         validation.check_positive_int("batch_size", batch_size)
-        check_search_options(beam_size, alpha, max_output_length, num_return)
+        if sampling is None:
+            check_search_options(beam_size, alpha, max_output_length, num_return)
+        elif not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling (e.g. Sampling(top_p=0.9, seed=1)) "
+                            f"or None for beam search, got {type(sampling).__name__}.")
+        else:
+            check_search_options(max_output_length=max_output_length)
+            validation.check_positive_int("num_return", num_return)
         sources, truncated = self.source_ids(sentences, return_truncated=True)
         count = len(sources)
+        if stream_ids is None:
+            stream_ids = range(count)
+        elif len(stream_ids) != count:
+            raise ValueError(f"stream_ids has {len(stream_ids)} ids for {count} sentences: "
+                             "give one per sentence.")
         # One row of num_return hypotheses per sentence; with num_return=1,
         # the row is unpacked again below.
         output_ids = [[[] for _ in range(num_return)] for _ in range(count)]
@@ -202,15 +231,20 @@ class Translator:
         done = count - len(order)  # empty sentences need no decoding
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            ids, batch_scores = beam_search(
+            common = dict(max_output_length=max_output_length, num_return=num_return)
+            if sampling is None:
+                search, options = beam_search, dict(beam_size=beam_size, alpha=alpha)
+            else:
+                search = sample_search
+                options = dict(dataclasses.asdict(sampling),
+                               stream_ids=[stream_ids[i] for i in rows])
+            ids, batch_scores = search(
                 self._model,
                 self._pad([sources[i] for i in rows]),
                 self._target_tokenizer.bos_id,
                 self._target_tokenizer.eos_id,
-                beam_size=beam_size,
-                alpha=alpha,
-                max_output_length=max_output_length,
-                num_return=num_return,
+                **common,
+                **options,
             )
             ids = ids.reshape(len(rows), num_return, ids.shape[-1])
             batch_scores = batch_scores.reshape(len(rows), num_return)

@@ -76,7 +76,8 @@ def _translate(args):
             batch_size = args.batch_size or 1
             print("Translating each line typed; end with Ctrl-D.", file=sys.stderr)
         lines = _stream_lines(stdin)
-    search = dict(beam_size=args.beam_size, alpha=args.alpha, sampling=sampling)
+    search = dict(beam_size=args.beam_size, alpha=args.alpha, sampling=sampling,
+                  return_alignment=args.print_alignment)
     _write_translations(translator, lines, sys.stdout, batch_size, args.n_best, search, unit)
 
 
@@ -99,10 +100,13 @@ def _stream_lines(stream):
 def _write_translations(translator, lines, out, batch_size, n_best, search, unit):
     """Reads `batch_size` lines at a time, translates them, writes one line
     per line read (`n_best` lines in the n-best format) and flushes `out`
-    before reading on. Empty lines are not decoded."""
+    before reading on. Empty lines are not decoded. With
+    `search["return_alignment"]`, each translation is followed by a tab and
+    its alignment."""
     from keras_transformer.inference.translator import SourceTruncatedWarning
 
     num_return = n_best or 1
+    aligned = search.get("return_alignment", False)
     first = 0  # the input number of the batch's first line
     while batch := list(itertools.islice(lines, batch_size)):
         rows = [row for row, line in enumerate(batch) if line]
@@ -111,25 +115,32 @@ def _write_translations(translator, lines, out, batch_size, n_best, search, unit
             warnings.simplefilter("ignore", SourceTruncatedWarning)
             # Input line numbers name the random streams of sampling, so a
             # line's samples do not depend on --batch-size.
-            translations, scores, truncated = translator.translate(
+            translations, scores, truncated, *alignments = translator.translate(
                 [batch[row] for row in rows], batch_size=batch_size, num_return=num_return,
                 return_scores=True, return_truncated=True,
                 stream_ids=[first + row for row in rows], **search)
         if num_return == 1:  # as n-best lists of one
             translations = [[(text, score)] for text, score in zip(translations, scores)]
-        hypotheses = [[("", 0.0)] * num_return for _ in batch]  # (text, score) pairs
-        for row, row_hypotheses, cut in zip(rows, translations, truncated):
-            hypotheses[row] = row_hypotheses
+            alignments = [[[positions] for positions in alignments[0]]] if aligned else []
+        alignments = alignments[0] if aligned else [[[]] * num_return for _ in rows]
+        # (text, score, alignment) of each hypothesis of each line read.
+        hypotheses = [[("", 0.0, [])] * num_return for _ in batch]
+        for row, row_hypotheses, row_alignments, cut in zip(rows, translations, alignments,
+                                                             truncated):
+            hypotheses[row] = [(text, score, positions) for (text, score), positions
+                               in zip(row_hypotheses, row_alignments)]
             if cut:
                 print(f"warning: {unit} {first + row + 1} is longer than max_source_length="
                       f"{translator.max_source_length} (tokens + EOS); it was translated "
                       "truncated to it", file=sys.stderr)
         for index, row_hypotheses in enumerate(hypotheses, start=first):
-            if n_best is None:
-                out.write(_one_line(row_hypotheses[0][0]) + "\n")
-            else:
-                for text, score in row_hypotheses:
-                    out.write(f"{index}\t{score:.4f}\t{_one_line(text)}\n")
+            for text, score, positions in row_hypotheses:
+                fields = [] if n_best is None else [str(index), f"{score:.4f}"]
+                fields.append(_one_line(text))
+                if aligned:
+                    fields.append(" ".join(f"{source}-{target}"
+                                           for target, source in enumerate(positions)))
+                out.write("\t".join(fields) + "\n")
         out.flush()
         first += len(batch)
 
@@ -309,6 +320,12 @@ INDEX is the input's line number counted from 0, SCORE is log P(Y|X) / lp(Y)
 with 4 decimals (§6.1), higher is better. An empty input line gives N lines
 with score 0.0000 and an empty translation.
 
+--print-alignment adds a tab and the translation's alignment to each line:
+SOURCE-TARGET pairs of token positions counted from 0 (the tokenizer's
+pieces, EOS left out), one per target token, each aligned to the source
+token of highest encoder-decoder attention in the last decoder block,
+averaged over heads (fairseq's option).
+
 --sample draws each token instead of running beam search (--temperature,
 --top-k, --top-p, --seed); with --n-best N it writes N samples per input, in
 the order drawn, and SCORE is log P(Y|X). A line's samples depend on the seed
@@ -348,6 +365,9 @@ def build_parser():
                            help="write the N best hypotheses of each input as "
                                 "INDEX<TAB>SCORE<TAB>TRANSLATION lines (see below); "
                                 "N <= --beam-size")
+    translate.add_argument("--print-alignment", action="store_true",
+                           help="append each translation's SOURCE-TARGET token alignment "
+                                "after a tab (see below)")
     _add_search_options(translate)
     sampling = translate.add_argument_group("sampling (instead of beam search)")
     sampling.add_argument("--sample", action="store_true",

@@ -113,6 +113,30 @@ def test_sampled_translations_do_not_depend_on_the_batch_size(command_line):
     assert [text for _, _, text in rows[::3]] == whole.splitlines()
 
 
+def test_print_alignment_appends_source_target_pairs(command_line, loaded):
+    stdin = "\n".join(LINES) + "\n"
+    plain, _ = command_line(["translate", "run", *SEARCH], stdin=stdin)
+    aligned, _ = command_line(["translate", "run", *SEARCH, "--print-alignment"], stdin=stdin)
+    _, tokenizer = loaded
+    texts, ids, alignments = [], [], []
+    for line, source in zip(aligned.splitlines(), LINES):
+        text, pairs = line.split("\t")
+        texts.append(text)
+        pairs = [tuple(map(int, pair.split("-"))) for pair in pairs.split()]
+        # One pair per target token, in order; sources within the sentence's tokens.
+        assert [target for _, target in pairs] == list(range(len(pairs)))
+        source_length = len(tokenizer.tokenize([source])[0])
+        assert all(0 <= position < max(source_length, 1) for position, _ in pairs)
+        alignments.append(pairs)
+    assert texts == plain.splitlines()
+    assert alignments[1] == []  # the empty line
+    n_best, _ = command_line(["translate", "run", *SEARCH, "--n-best", "2",
+                              "--print-alignment"], stdin=stdin)
+    rows = [line.split("\t") for line in n_best.splitlines()]
+    assert all(len(row) == 4 for row in rows)
+    assert [row[3] for row in rows[::2]] == [line.split("\t")[1] for line in aligned.splitlines()]
+
+
 def test_sampling_options_without_sample_are_refused(command_line, monkeypatch):
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)

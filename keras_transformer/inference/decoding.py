@@ -112,7 +112,8 @@ def check_model(model):
         )
 
 
-def greedy_search(model, source_ids, bos_id, eos_id, max_output_length=None):
+def greedy_search(model, source_ids, bos_id, eos_id, max_output_length=None,
+                  return_alignment=False):
     """Greedy decoding: at every step, the most probable next token.
 
     Runs the encoder once and the decoder step by step with the key/value
@@ -130,23 +131,32 @@ def greedy_search(model, source_ids, bos_id, eos_id, max_output_length=None):
             None means each sentence's own source length (its non-padding
             tokens) + 50, as in §6.1. With learned position embeddings it is
             further capped at `model.config.max_length`.
+        return_alignment: Whether to also return each output token's
+            alignment: the source position with the highest encoder-decoder
+            attention of the last decoder block, averaged over heads, among
+            the source's tokens before its last one (EOS), as fairseq's
+            `--print-alignment` gives it.
 
     Returns:
         `(token_ids, scores)` as NumPy arrays: (batch, L) int32 output ids after
         BOS, up to and including EOS, then padding (0 by default), with L the
         longest hypothesis in the batch; and (batch,) float32 log P(Y | X), the
         sum of the chosen tokens' log-probabilities. A hypothesis that reaches
-        its length limit has no EOS.
+        its length limit has no EOS. With `return_alignment`, a third array
+        shaped as `token_ids`: each output token's source position (0 under
+        padding).
 
     Example:
 
     >>> ids, scores = greedy_search(model, source_ids, bos_id=2, eos_id=3)
     """
-    return _search(model, source_ids, bos_id, eos_id, max_output_length, None, 0.0)
+    return _search(model, source_ids, bos_id, eos_id, max_output_length, None, 0.0,
+                   alignment=return_alignment)
 
 
 def sample_search(model, source_ids, bos_id, eos_id, temperature=1.0, top_k=0, top_p=1.0,
-                  seed=0, max_output_length=None, num_return=1, stream_ids=None):
+                  seed=0, max_output_length=None, num_return=1, stream_ids=None,
+                  return_alignment=False):
     """Sampling: at every step, a token drawn from the model's distribution.
 
     Beyond the paper, which decodes with beam search: sampling gives diverse
@@ -180,6 +190,7 @@ def sample_search(model, source_ids, bos_id, eos_id, temperature=1.0, top_k=0, t
         stream_ids: (batch,) ints naming each sentence's random stream, or
             None for its row (0, 1, ...). `Translator` passes each sentence's
             position in its input, so batching does not change the samples.
+        return_alignment: As in `greedy_search`.
 
     Returns:
         `(token_ids, scores)` as NumPy arrays: (batch, L) int32 ids after BOS,
@@ -210,17 +221,16 @@ def sample_search(model, source_ids, bos_id, eos_id, temperature=1.0, top_k=0, t
                         np.broadcast_to(np.arange(num_return), (batch, num_return))],
                        axis=-1).reshape(batch * num_return, 3).astype("int32")
     sampling = (float(temperature), int(top_k), float(top_p))
-    token_ids, scores = _search(model, np.repeat(source, num_return, axis=0), bos_id, eos_id,
-                                max_output_length, None, 0.0, sampling=sampling,
-                                streams=streams)
+    results = _search(model, np.repeat(source, num_return, axis=0), bos_id, eos_id,
+                      max_output_length, None, 0.0, sampling=sampling, streams=streams,
+                      alignment=return_alignment)
     if num_return == 1:
-        return token_ids, scores
-    return (token_ids.reshape(batch, num_return, token_ids.shape[-1]),
-            scores.reshape(batch, num_return))
+        return results
+    return tuple(result.reshape(batch, num_return, *result.shape[1:]) for result in results)
 
 
 def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
-                max_output_length=None, num_return=1):
+                max_output_length=None, num_return=1, return_alignment=False):
     """Beam search with the §6.1 length penalty, batched over sentences.
 
     Keeps the `beam_size` most probable unfinished hypotheses ("alive") per
@@ -255,6 +265,8 @@ def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
             capped at `model.config.max_length`.
         num_return: How many of the best finished hypotheses to return per
             sentence (n-best), from 1 to `beam_size`.
+        return_alignment: As in `greedy_search`; the alignments follow each
+            hypothesis through the beam.
 
     Returns:
         `(token_ids, scores)` as NumPy arrays: (batch, L) int32 ids of the best
@@ -273,14 +285,14 @@ def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
     """
     check_search_options(beam_size, alpha, max_output_length, num_return)
     return _search(model, source_ids, bos_id, eos_id, max_output_length, int(beam_size),
-                   float(alpha), int(num_return))
+                   float(alpha), int(num_return), alignment=return_alignment)
 
 
 # The Python entry: checks, NumPy in and out, compiled functions per setting.
 
 
 def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alpha,
-            num_return=1, sampling=None, streams=None):
+            num_return=1, sampling=None, streams=None, alignment=False):
     check_model(model)
     config = model.config
     vocab_size = config.resolved_target_vocab_size
@@ -310,17 +322,22 @@ def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alp
         )
     n_best = () if num_return == 1 else (num_return,)
     if source_ids.shape[0] == 0:
-        return np.zeros((0, *n_best, 0), "int32"), np.zeros((0, *n_best), "float32")
+        empty = (np.zeros((0, *n_best, 0), "int32"), np.zeros((0, *n_best), "float32"))
+        return (*empty, empty[0]) if alignment else empty
 
-    function = _compiled_search(model, beam_size, max_output_length, num_return, sampling)
+    function = _compiled_search(model, beam_size, max_output_length, num_return, sampling,
+                                alignment)
     if streams is None:
         streams = np.zeros((source_ids.shape[0], 3), "int32")  # read by sampling only
-    token_ids, scores = function(
+    token_ids, scores, *alignments = function(
         source_ids, np.array([bos_id, eos_id], "int32"), np.float32(alpha), streams)
     token_ids = ops.convert_to_numpy(token_ids).astype("int32")
     scores = ops.convert_to_numpy(scores).astype("float32")
-    lengths = np.sum(token_ids != config.pad_id, axis=-1)
-    return token_ids[..., : int(lengths.max(initial=0))], scores
+    width = int(np.sum(token_ids != config.pad_id, axis=-1).max(initial=0))
+    results = [token_ids[..., :width], scores]
+    for positions in alignments:  # where padding follows a hypothesis, 0 and unused
+        results.append(ops.convert_to_numpy(positions).astype("int32")[..., :width])
+    return tuple(results)
 
 
 def _as_int_matrix(values, name, vocab_size):
@@ -354,20 +371,22 @@ def _as_int_matrix(values, name, vocab_size):
 
 
 # One dict of compiled searches per model, keyed by (beam_size,
-# max_output_length, num_return, sampling): the settings that shape the graph.
+# max_output_length, num_return, sampling, alignment): the settings that shape
+# the graph.
 # Ids, α, seeds and stream ids are arguments, so changing them compiles
 # nothing new. The functions reach the model through a weak reference, so
 # the cache does not keep it alive.
 _COMPILED = weakref.WeakKeyDictionary()
 
 
-def _compiled_search(model, beam_size, max_output_length, num_return=1, sampling=None):
+def _compiled_search(model, beam_size, max_output_length, num_return=1, sampling=None,
+                     alignment=False):
     functions = _COMPILED.setdefault(model, {})
-    key = (beam_size, max_output_length, num_return, sampling)
+    key = (beam_size, max_output_length, num_return, sampling, alignment)
     if key not in functions:
         def search(model, source_ids, special_ids, alpha, streams):
             return traced_search(model, source_ids, special_ids, alpha, beam_size,
-                                 max_output_length, num_return, sampling, streams)
+                                 max_output_length, num_return, sampling, streams, alignment)
 
         functions[key] = backend.compile_inference(weakref.ref(model), search)
     return functions[key]

@@ -245,7 +245,8 @@ def _maximum(a, b):
 
 
 def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
-                  max_output_length=None, num_return=1, sampling=None, streams=None):
+                  max_output_length=None, num_return=1, sampling=None, streams=None,
+                  alignment=False):
     """The search as `keras.ops` on tensors: what is compiled and exported.
 
     `greedy_search` and `beam_search` compile this function per backend; the
@@ -267,25 +268,61 @@ def traced_search(model, source_ids, special_ids, alpha, beam_size=None,
         streams: With `sampling`, (batch, 3) int32: each row's seed, stream
             id and sample number, which fix its random numbers
             (`uniform_for_stream`).
+        alignment: Whether to also return each output token's source
+            position (`alignment_positions`).
 
     Returns:
         `(token_ids, scores)`: (batch, buffer_length) int32 ids after BOS,
         padded with `pad_id`, and (batch,) float32 scores; with
         `num_return > 1`, (batch, num_return, buffer_length) ids and
-        (batch, num_return) scores, best first.
+        (batch, num_return) scores, best first. With `alignment`, a third
+        int32 tensor shaped as the ids: the source position each output
+        token is aligned to.
     """
     config = model.config
     buffer_length, limits = output_limits(
         source_ids, config.pad_id, max_output_length, position_limit(config))
+    aligned_to = alignment_candidates(source_ids, config.pad_id) if alignment else None
     if beam_size is None:
         if sampling is None:
             choose = _most_probable
         else:
             def choose(log_probs, index):
                 return sample_tokens(log_probs, uniform_for_stream(streams, index), *sampling)
-        return _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose)
+        return _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose,
+                            aligned_to)
     return _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length,
-                      num_return)
+                      num_return, aligned_to)
+
+
+def alignment_candidates(source_ids, pad_id):
+    """(batch, S) bool: the source positions an output token may be aligned to.
+
+    The real tokens before the last one, which is EOS in every encoder input
+    (fairseq's `--print-alignment` leaves EOS out too); a source of one token
+    keeps it, so that every row has a candidate.
+    """
+    real = ops.not_equal(source_ids, pad_id)
+    lengths = ops.sum(ops.cast(real, "int32"), axis=1)
+    positions = ops.arange(ops.shape(source_ids)[1], dtype="int32")
+    before_last = ops.less(positions[None, :], (lengths - 1)[:, None])
+    return ops.where(ops.greater(lengths, 1)[:, None], ops.logical_and(real, before_last), real)
+
+
+def alignment_positions(cross_weights, aligned_to):
+    """Each query's source position of highest encoder-decoder attention.
+
+    Args:
+        cross_weights: (batch, heads, T, S) float32 weights of the last
+            decoder block's encoder-decoder attention.
+        aligned_to: (batch, S) bool, `alignment_candidates`.
+
+    Returns:
+        (batch, T) int32: the argmax over the candidates of the weights
+        averaged over heads (fairseq's `--print-alignment`).
+    """
+    mean = ops.mean(cross_weights, axis=1)
+    return ops.cast(ops.argmax(ops.where(aligned_to[:, None, :], mean, -1.0), axis=-1), "int32")
 
 
 # The search loops: backend-agnostic, keras.ops only, fixed shapes.
@@ -303,11 +340,17 @@ def _masked_log_probs(logits, pad_id, bos_id):
     return ops.where(never[None, :], _NEG_INF, log_probs)
 
 
-def _decode_step(model, token_ids, index, cache, source_mask):
-    """(batch, vocab) logits of the next token, and the updated cache."""
-    logits, cache = model.decode(
-        token_ids, None, source_mask, cache=cache, cache_update_index=index, training=False)
-    return logits[:, 0, :], cache
+def _decode_step(model, token_ids, index, cache, source_mask, aligned_to=None):
+    """(batch, vocab) logits of the next token, the updated cache and, with
+    `aligned_to`, (batch,) the source position the token is aligned to."""
+    if aligned_to is None:
+        logits, cache = model.decode(
+            token_ids, None, source_mask, cache=cache, cache_update_index=index, training=False)
+        return logits[:, 0, :], cache, None
+    logits, cache, weights = model.decode(
+        token_ids, None, source_mask, cache=cache, cache_update_index=index,
+        return_attention_scores=True, training=False)
+    return logits[:, 0, :], cache, alignment_positions(weights[-1]["cross"], aligned_to)[:, 0]
 
 
 def _most_probable(log_probs, index):
@@ -403,7 +446,8 @@ def sample_tokens(log_probs, uniform, temperature=1.0, top_k=0, top_p=1.0):
     return ops.take_along_axis(ops.cast(token_ids, "int32"), choice[:, None], axis=1)[:, 0]
 
 
-def _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose=_most_probable):
+def _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose=_most_probable,
+                 aligned_to=None):
     pad_id = model.config.pad_id
     batch_size = ops.shape(source_ids)[0]
     encoded, source_mask = model.encode(source_ids, training=False)
@@ -417,38 +461,48 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose=_
     )
     scores = ops.zeros((batch_size,), "float32")
     finished = ops.zeros((batch_size,), "bool")
+    # Each output token's source position, beside `sequences` (a placeholder
+    # column when no alignment is asked for).
+    alignments = ops.zeros_like(sequences if aligned_to is not None else sequences[:, :1])
 
-    def cond(phase_end, index, sequences, scores, finished, self_cache):
+    def cond(phase_end, index, sequences, scores, finished, alignments, self_cache):
         return ops.logical_and(
             ops.less(index, phase_end), ops.logical_not(ops.all(finished))
         )
 
-    def body(index, sequences, scores, finished, self_cache):
+    def body(index, sequences, scores, finished, alignments, self_cache):
         inputs = ops.slice(sequences, (0, index), (batch_size, 1))
-        logits, step_cache = _decode_step(
-            model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask)
+        logits, step_cache, positions = _decode_step(
+            model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask,
+            aligned_to)
         log_probs = _masked_log_probs(logits, pad_id, bos_id)
         tokens = choose(log_probs, index)
         token_log_probs = ops.take_along_axis(log_probs, tokens[:, None], axis=1)[:, 0]
         tokens = ops.where(finished, pad_id, tokens)
         scores = scores + ops.where(finished, 0.0, token_log_probs)
         sequences = ops.slice_update(sequences, (0, index + 1), tokens[:, None])
+        if aligned_to is not None:
+            alignments = ops.slice_update(alignments, (0, index + 1), positions[:, None])
         finished = ops.logical_or(
             finished,
             ops.logical_or(ops.equal(tokens, eos_id),
                            ops.greater_equal(index + 1, limits)),
         )
-        return index + 1, sequences, scores, finished, step_cache["self"]
+        return index + 1, sequences, scores, finished, alignments, step_cache["self"]
 
     # Only the self-attention caches change; the cross-attention ones are
     # constants of the loop.
-    state = (ops.convert_to_tensor(0, "int32"), sequences, scores, finished, cache["self"])
-    _, sequences, scores, _, _ = _phased_loop(model, cond, body, state, buffer_length)
+    state = (ops.convert_to_tensor(0, "int32"), sequences, scores, finished, alignments,
+             cache["self"])
+    _, sequences, scores, _, alignments, _ = _phased_loop(model, cond, body, state,
+                                                          buffer_length)
+    if aligned_to is not None:
+        return sequences[:, 1:], scores, alignments[:, 1:]
     return sequences[:, 1:], scores
 
 
 def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length,
-               num_return=1):
+               num_return=1, aligned_to=None):
     pad_id = model.config.pad_id
     bos_id, eos_id = special_ids[0], special_ids[1]
     batch_size = ops.shape(source_ids)[0]
@@ -462,6 +516,8 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     cache = model.initial_cache(ops.repeat(encoded, beam_size, axis=0),
                                 cache_phases(buffer_length)[0])
     source_mask = ops.repeat(source_mask, beam_size, axis=0)
+    if aligned_to is not None:
+        aligned_to = ops.repeat(aligned_to, beam_size, axis=0)
 
     alive_sequences = ops.concatenate(
         [ops.ones((batch_size, beam_size, 1), "int32") * bos_id,
@@ -477,6 +533,11 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     # a slot nothing has finished into yet scores -inf and holds padding.
     finished_sequences = ops.zeros((batch_size, num_return, width), "int32")
     finished_scores = ops.full((batch_size, num_return), _NEG_INF, "float32")
+    # Each token's source position, beside the alive and finished sequences
+    # (a placeholder column when no alignment is asked for).
+    alignment_width = width if aligned_to is not None else 1
+    alive_alignments = ops.zeros((batch_size, beam_size, alignment_width), "int32")
+    finished_alignments = ops.zeros((batch_size, num_return, alignment_width), "int32")
     batch_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
     max_penalty = length_penalty(limits, alpha)
 
@@ -486,7 +547,7 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
         return ops.take(flat, beam_indices + batch_offsets, axis=0)
 
     def cond(phase_end, index, alive_sequences, alive_log_probs, finished_sequences,
-             finished_scores, self_cache):
+             finished_scores, alive_alignments, finished_alignments, self_cache):
         # A sentence is decided when the best score an alive hypothesis could
         # still reach does not beat its num_return-th finished one.
         best_possible = alive_log_probs[:, 0] / max_penalty
@@ -494,13 +555,14 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
         return ops.logical_and(ops.less(index, phase_end), undecided)
 
     def body(index, alive_sequences, alive_log_probs, finished_sequences,
-             finished_scores, self_cache):
+             finished_scores, alive_alignments, finished_alignments, self_cache):
         inputs = ops.reshape(
             ops.slice(alive_sequences, (0, 0, index), (batch_size, beam_size, 1)),
             (flat_size, 1),
         )
-        logits, step_cache = _decode_step(
-            model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask)
+        logits, step_cache, positions = _decode_step(
+            model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask,
+            aligned_to)
         log_probs = _masked_log_probs(logits, pad_id, bos_id)
         vocab_size = log_probs.shape[-1]
         candidates = alive_log_probs[:, :, None] + ops.reshape(
@@ -544,19 +606,32 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
         )
         keep = ops.cast(keep, "int32")
         alive_sequences = ops.take_along_axis(top_sequences, keep[:, :, None], axis=1)
+        if aligned_to is not None:
+            # The alignments follow the sequences through the same gathers.
+            step_positions = ops.take_along_axis(
+                ops.reshape(positions, (batch_size, beam_size)), top_beams, axis=1)
+            top_alignments = ops.slice_update(gather_beams(alive_alignments, top_beams),
+                                              (0, 0, index + 1), step_positions[:, :, None])
+            finished_alignments = ops.take_along_axis(
+                ops.concatenate([finished_alignments, top_alignments], axis=1),
+                best[:, :, None], axis=1)
+            alive_alignments = ops.take_along_axis(top_alignments, keep[:, :, None], axis=1)
         parents = ops.reshape(ops.take_along_axis(top_beams, keep, axis=1) + batch_offsets,
                               (flat_size,))
         step_cache = model.reorder_cache(step_cache, parents)
         return (index + 1, alive_sequences, alive_log_probs, finished_sequences,
-                finished_scores, step_cache["self"])
+                finished_scores, alive_alignments, finished_alignments, step_cache["self"])
 
     state = (ops.convert_to_tensor(0, "int32"), alive_sequences, alive_log_probs,
-             finished_sequences, finished_scores, cache["self"])
+             finished_sequences, finished_scores, alive_alignments, finished_alignments,
+             cache["self"])
     state = _phased_loop(model, cond, body, state, buffer_length)
-    finished_sequences, finished_scores = state[3][:, :, 1:], state[4]
+    results = [state[3][:, :, 1:], state[4]]
+    if aligned_to is not None:
+        results.append(state[6][:, :, 1:])
     if num_return == 1:
-        return finished_sequences[:, 0], finished_scores[:, 0]
-    return finished_sequences, finished_scores
+        results = [result[:, 0] for result in results]
+    return tuple(results)
 
 
 def _best_first(scores, k):

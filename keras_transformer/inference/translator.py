@@ -165,6 +165,7 @@ class Translator:
         num_return=1,
         sampling=None,
         stream_ids=None,
+        return_alignment=False,
     ):
         """Translates a list of sentences.
 
@@ -192,14 +193,21 @@ class Translator:
                 random stream; None numbers the sentences 0, 1, ... as
                 given. A sentence's samples depend on its seed and stream id
                 alone, not on `batch_size` or the other sentences.
+            return_alignment: Whether to also return, for each translation,
+                the source position of each of its output ids (EOS left
+                out): the source token, counted from 0 in
+                `tokenizer.tokenize`'s ids, of highest encoder-decoder
+                attention in the last decoder block, averaged over heads
+                (fairseq's `--print-alignment`).
 
         Returns:
             The list of translations, in the order of `sentences`; with any
             of the `return_*` flags, the tuple
             `(translations, scores, ids, truncated)` without the parts not
-            asked for. With `num_return > 1`, each sentence's translation is
-            a list of `num_return` `(translation, score)` pairs, best first,
-            and its scores and ids are lists of `num_return` too. An empty
+            asked for, and the alignments last with `return_alignment`. With
+            `num_return > 1`, each sentence's translation is a list of
+            `num_return` `(translation, score)` pairs, best first, and its
+            scores, ids and alignments are lists of `num_return` too. An empty
             sentence gives `num_return` times `("", 0.0)`; a hypothesis the
             search could not fill (only with a vocabulary of very few tokens)
             is `("", -inf)`.
@@ -223,22 +231,25 @@ class Translator:
         # One row of num_return hypotheses per sentence; with num_return=1,
         # the row is unpacked again below.
         output_ids = [[[] for _ in range(num_return)] for _ in range(count)]
+        alignments = [[[] for _ in range(num_return)] for _ in range(count)]
         scores = np.zeros((count, num_return), "float32")
 
+        pad_id, eos_id = self._model.config.pad_id, self._target_tokenizer.eos_id
         # Longest first, so a batch holds similar lengths and little padding.
         order = sorted((i for i in range(count) if sources[i]), key=lambda i: -len(sources[i]))
         progress = keras.utils.Progbar(count, unit_name="sentence") if verbose and count else None
         done = count - len(order)  # empty sentences need no decoding
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            common = dict(max_output_length=max_output_length, num_return=num_return)
+            common = dict(max_output_length=max_output_length, num_return=num_return,
+                          return_alignment=return_alignment)
             if sampling is None:
                 search, options = beam_search, dict(beam_size=beam_size, alpha=alpha)
             else:
                 search = sample_search
                 options = dict(dataclasses.asdict(sampling),
                                stream_ids=[stream_ids[i] for i in rows])
-            ids, batch_scores = search(
+            ids, batch_scores, *positions = search(
                 self._model,
                 self._pad([sources[i] for i in rows]),
                 self._target_tokenizer.bos_id,
@@ -248,18 +259,22 @@ class Translator:
             )
             ids = ids.reshape(len(rows), num_return, ids.shape[-1])
             batch_scores = batch_scores.reshape(len(rows), num_return)
-            pad_id = self._model.config.pad_id
             for row, hypotheses, row_scores in zip(rows, ids, batch_scores):
                 output_ids[row] = [[int(t) for t in hypothesis if t != pad_id]
                                    for hypothesis in hypotheses]
                 scores[row] = row_scores
+            if return_alignment:
+                positions = positions[0].reshape(ids.shape)
+                for row, hypotheses, row_positions in zip(rows, ids, positions):
+                    alignments[row] = [
+                        [int(p) for t, p in zip(hypothesis, aligned) if t not in (pad_id, eos_id)]
+                        for hypothesis, aligned in zip(hypotheses, row_positions)]
             done += len(rows)
             if progress is not None:
                 progress.update(done)
         if progress is not None and not order:
             progress.update(count)
 
-        eos_id = self._target_tokenizer.eos_id
         flat_ids = [ids for row in output_ids for ids in row]
         texts = self._target_tokenizer.detokenize([[t for t in ids if t != eos_id]
                                                    for ids in flat_ids])
@@ -269,6 +284,7 @@ class Translator:
             translations = texts
             row_scores = [row[0] for row in row_scores]
             output_ids = [row[0] for row in output_ids]
+            alignments = [row[0] for row in alignments]
         else:
             groups = [texts[i : i + num_return] for i in range(0, len(texts), num_return)]
             translations = [list(zip(group, group_scores))
@@ -280,6 +296,8 @@ class Translator:
             results.append(output_ids)
         if return_truncated:
             results.append(truncated)
+        if return_alignment:
+            results.append(alignments)
         return results[0] if len(results) == 1 else tuple(results)
 
     def _pad(self, sources):

@@ -186,6 +186,46 @@ def test_n_best_hypotheses_are_distinct_best_first_and_led_by_the_best(model):
     np.testing.assert_allclose(n_best_scores[:, 0], scores, rtol=1e-6)
 
 
+def naive_alignment_weights(model, source_row, output_ids):
+    """The last block's encoder-decoder attention averaged over heads, (T, S),
+    from one full forward pass without a cache, and the candidate positions:
+    the source's tokens before its last one (EOS)."""
+    encoded, mask = model.encode(source_row[None], training=False)
+    target = np.array([[BOS, *output_ids[:-1]]], "int32")
+    _, weights = model.decode(target, encoded, mask, return_attention_scores=True,
+                              training=False)
+    cross = ops.convert_to_numpy(weights[-1]["cross"])[0].mean(axis=0)
+    length = int(np.sum(source_row != 0))
+    return cross, np.arange(len(source_row)) < length - 1
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "n_best"])
+def test_each_token_is_aligned_to_its_highest_cross_attention_source_position(model, search):
+    source = source_batch()
+    if search == "greedy":
+        ids, _, positions = greedy_search(model, source, BOS, EOS, max_output_length=8,
+                                          return_alignment=True)
+        ids, positions = ids[:, None], positions[:, None]
+    else:
+        num_return = 2 if search == "n_best" else 1
+        ids, _, positions = beam_search(model, source, BOS, EOS, beam_size=3,
+                                        max_output_length=8, num_return=num_return,
+                                        return_alignment=True)
+        if num_return == 1:
+            ids, positions = ids[:, None], positions[:, None]
+    assert positions.shape == ids.shape
+    checked = 0
+    for row in range(len(source)):
+        for hypothesis, aligned in zip(strip(ids[row]), positions[row]):
+            cross, candidates = naive_alignment_weights(model, source[row], hypothesis)
+            for t, position in enumerate(aligned[: len(hypothesis)]):
+                assert candidates[position], (row, t, position)
+                # The argmax, up to the rounding between the cached and full paths.
+                assert cross[t, position] >= cross[t][candidates].max() - 1e-5
+                checked += 1
+    assert checked >= len(source) * ids.shape[1]
+
+
 def test_equal_scores_rank_in_the_order_they_came_on_every_backend():
     # ops.top_k leaves ties to the backend; the n-best merge must not, so that
     # a hypothesis finished earlier keeps its place against an equal newcomer.

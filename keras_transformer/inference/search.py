@@ -461,16 +461,19 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose=_
     )
     scores = ops.zeros((batch_size,), "float32")
     finished = ops.zeros((batch_size,), "bool")
-    # Each output token's source position, beside `sequences` (a placeholder
-    # column when no alignment is asked for).
-    alignments = ops.zeros_like(sequences if aligned_to is not None else sequences[:, :1])
+    # With `aligned_to`, each output token's source position, beside
+    # `sequences`. Without, nothing is carried: a constant that passes through
+    # three or more XLA-compiled tf.while_loops unchanged fails TensorFlow's
+    # constant propagation (tensorflow/tensorflow#122886).
+    alignments = [ops.zeros_like(sequences)] if aligned_to is not None else []
 
-    def cond(phase_end, index, sequences, scores, finished, alignments, self_cache):
+    def cond(phase_end, index, sequences, scores, finished, *rest):
         return ops.logical_and(
             ops.less(index, phase_end), ops.logical_not(ops.all(finished))
         )
 
-    def body(index, sequences, scores, finished, alignments, self_cache):
+    def body(index, sequences, scores, finished, *rest):
+        *alignments, self_cache = rest
         inputs = ops.slice(sequences, (0, index), (batch_size, 1))
         logits, step_cache, positions = _decode_step(
             model, inputs, index, {"self": self_cache, "cross": cache["cross"]}, source_mask,
@@ -482,23 +485,21 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose=_
         scores = scores + ops.where(finished, 0.0, token_log_probs)
         sequences = ops.slice_update(sequences, (0, index + 1), tokens[:, None])
         if aligned_to is not None:
-            alignments = ops.slice_update(alignments, (0, index + 1), positions[:, None])
+            alignments = [ops.slice_update(alignments[0], (0, index + 1), positions[:, None])]
         finished = ops.logical_or(
             finished,
             ops.logical_or(ops.equal(tokens, eos_id),
                            ops.greater_equal(index + 1, limits)),
         )
-        return index + 1, sequences, scores, finished, alignments, step_cache["self"]
+        return (index + 1, sequences, scores, finished, *alignments, step_cache["self"])
 
     # Only the self-attention caches change; the cross-attention ones are
     # constants of the loop.
-    state = (ops.convert_to_tensor(0, "int32"), sequences, scores, finished, alignments,
+    state = (ops.convert_to_tensor(0, "int32"), sequences, scores, finished, *alignments,
              cache["self"])
-    _, sequences, scores, _, alignments, _ = _phased_loop(model, cond, body, state,
-                                                          buffer_length)
-    if aligned_to is not None:
-        return sequences[:, 1:], scores, alignments[:, 1:]
-    return sequences[:, 1:], scores
+    _, sequences, scores, _, *alignments, _ = _phased_loop(model, cond, body, state,
+                                                           buffer_length)
+    return (sequences[:, 1:], scores, *(positions[:, 1:] for positions in alignments))
 
 
 def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_length,
@@ -533,11 +534,11 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     # a slot nothing has finished into yet scores -inf and holds padding.
     finished_sequences = ops.zeros((batch_size, num_return, width), "int32")
     finished_scores = ops.full((batch_size, num_return), _NEG_INF, "float32")
-    # Each token's source position, beside the alive and finished sequences
-    # (a placeholder column when no alignment is asked for).
-    alignment_width = width if aligned_to is not None else 1
-    alive_alignments = ops.zeros((batch_size, beam_size, alignment_width), "int32")
-    finished_alignments = ops.zeros((batch_size, num_return, alignment_width), "int32")
+    # With `aligned_to`, each token's source position, beside the alive and
+    # the finished sequences; without, nothing is carried (see _greedy_loop).
+    alignments = [] if aligned_to is None else [
+        ops.zeros((batch_size, beam_size, width), "int32"),
+        ops.zeros((batch_size, num_return, width), "int32")]
     batch_offsets = ops.arange(batch_size, dtype="int32")[:, None] * beam_size
     max_penalty = length_penalty(limits, alpha)
 
@@ -547,7 +548,7 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
         return ops.take(flat, beam_indices + batch_offsets, axis=0)
 
     def cond(phase_end, index, alive_sequences, alive_log_probs, finished_sequences,
-             finished_scores, alive_alignments, finished_alignments, self_cache):
+             finished_scores, *rest):
         # A sentence is decided when the best score an alive hypothesis could
         # still reach does not beat its num_return-th finished one.
         best_possible = alive_log_probs[:, 0] / max_penalty
@@ -555,7 +556,8 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
         return ops.logical_and(ops.less(index, phase_end), undecided)
 
     def body(index, alive_sequences, alive_log_probs, finished_sequences,
-             finished_scores, alive_alignments, finished_alignments, self_cache):
+             finished_scores, *rest):
+        *alignments, self_cache = rest
         inputs = ops.reshape(
             ops.slice(alive_sequences, (0, 0, index), (batch_size, beam_size, 1)),
             (flat_size, 1),
@@ -608,6 +610,7 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
         alive_sequences = ops.take_along_axis(top_sequences, keep[:, :, None], axis=1)
         if aligned_to is not None:
             # The alignments follow the sequences through the same gathers.
+            alive_alignments, finished_alignments = alignments
             step_positions = ops.take_along_axis(
                 ops.reshape(positions, (batch_size, beam_size)), top_beams, axis=1)
             top_alignments = ops.slice_update(gather_beams(alive_alignments, top_beams),
@@ -616,15 +619,15 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
                 ops.concatenate([finished_alignments, top_alignments], axis=1),
                 best[:, :, None], axis=1)
             alive_alignments = ops.take_along_axis(top_alignments, keep[:, :, None], axis=1)
+            alignments = [alive_alignments, finished_alignments]
         parents = ops.reshape(ops.take_along_axis(top_beams, keep, axis=1) + batch_offsets,
                               (flat_size,))
         step_cache = model.reorder_cache(step_cache, parents)
         return (index + 1, alive_sequences, alive_log_probs, finished_sequences,
-                finished_scores, alive_alignments, finished_alignments, step_cache["self"])
+                finished_scores, *alignments, step_cache["self"])
 
     state = (ops.convert_to_tensor(0, "int32"), alive_sequences, alive_log_probs,
-             finished_sequences, finished_scores, alive_alignments, finished_alignments,
-             cache["self"])
+             finished_sequences, finished_scores, *alignments, cache["self"])
     state = _phased_loop(model, cond, body, state, buffer_length)
     results = [state[3][:, :, 1:], state[4]]
     if aligned_to is not None:

@@ -121,8 +121,8 @@ def _write_translations(translator, lines, out, batch_size, n_best, search, unit
                 stream_ids=[first + row for row in rows], **search)
         if num_return == 1:  # as n-best lists of one
             translations = [[(text, score)] for text, score in zip(translations, scores)]
-            alignments = [[[positions] for positions in alignments[0]]] if aligned else []
-        alignments = alignments[0] if aligned else [[[]] * num_return for _ in rows]
+            alignments = [[[positions] for positions in part] for part in alignments]
+        alignments = alignments[0] if aligned else [[[]] * num_return] * len(rows)
         # (text, score, alignment) of each hypothesis of each line read.
         hypotheses = [[("", 0.0, [])] * num_return for _ in batch]
         for row, row_hypotheses, row_alignments, cut in zip(rows, translations, alignments,

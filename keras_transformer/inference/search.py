@@ -227,9 +227,8 @@ def _phased_loop(model, cond, body, state, buffer_length):
     self-attention caches last. `cond(phase_end, *state)` says whether to go
     on within a phase that ends at `phase_end`.
     """
-    phases = cache_phases(buffer_length)
-    for phase_end in phases:
-        if len(phases) > 1:
+    for phase, phase_end in enumerate(cache_phases(buffer_length)):
+        if phase:  # the loop starts with the first phase's cache
             grown = model.grow_cache({"self": state[-1], "cross": None}, phase_end)
             state = (*state[:-1], grown["self"])
         state = ops.while_loop(lambda *s, end=phase_end: cond(end, *s), body, state)
@@ -360,8 +359,8 @@ def _most_probable(log_probs, index):
 # Sampling. Its random numbers come from a counter-based hash, not from
 # `keras.random`: a compiled loop needs them as a pure function of tensors
 # (Keras 3 draws from seed generators or int seeds only), and a hash of
-# (seed, stream, step) gives every sentence its own reproducible sequence,
-# whatever batch it is decoded in.
+# (seed, stream, sample number, step) gives every sample of every sentence its
+# own reproducible sequence, whatever batch it is decoded in.
 
 
 def _mix32(x):
@@ -451,8 +450,7 @@ def _greedy_loop(model, source_ids, limits, special_ids, buffer_length, choose=_
     pad_id = model.config.pad_id
     batch_size = ops.shape(source_ids)[0]
     encoded, source_mask = model.encode(source_ids, training=False)
-    phases = cache_phases(buffer_length)
-    cache = model.initial_cache(encoded, phases[0])
+    cache = model.initial_cache(encoded, cache_phases(buffer_length)[0])
     bos_id, eos_id = special_ids[0], special_ids[1]
     sequences = ops.concatenate(
         [ops.ones((batch_size, 1), "int32") * bos_id,

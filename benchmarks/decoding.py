@@ -29,8 +29,16 @@ fp32 and int8, and decoded by CTranslate2 (`translate_batch`, 2 threads, its
 own length penalty 0.6 for beam search, `min_decoding_length =
 max_decoding_length = n`): the peer of issue 18, and the ratios ours / CTranslate2.
 
+With `--saved-model`, the same model is also exported as a SavedModel
+(`export_saved_model`, once per search and length, with `max_output_length =
+n` and the batch's one shape compiled) and its `translate_ids` signature is
+timed: the path TF Serving users run. With a fixed `max_output_length` its
+loop has the cache phases of `search.cache_phases`; an export without one
+traces the search for unknown widths and keeps one phase.
+
     KERAS_BACKEND=jax python benchmarks/decoding.py
     KERAS_BACKEND=jax python benchmarks/decoding.py --no-uncached --ctranslate2
+    KERAS_BACKEND=tensorflow python benchmarks/decoding.py --no-uncached --ctranslate2 --saved-model
     KERAS_BACKEND=torch python benchmarks/decoding.py --batch-size 1 --lengths 32,128
 """
 
@@ -182,6 +190,42 @@ def ctranslate2_peer(model, source, directory, quantization):
     return translate
 
 
+def saved_model_peer(model, source, directory, beam_size, alpha):
+    """A function n -> (batch, n) ids: the exported SavedModel's `translate_ids`
+    signature (the path TF Serving runs) on the same weights, exported once per
+    n with `max_output_length=n` and the batch's one shape compiled."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SavedModel's text signatures use its ops)
+
+    from keras_transformer import run_dir
+    from keras_transformer.inference.export import export_saved_model
+    from keras_transformer.training.tokenizers import WORDPIECE_SPECIAL_TOKENS, SubwordTokenizer
+
+    model_path = os.path.join(directory, "model.keras")
+    if not os.path.exists(model_path):
+        # The export reads a .keras file with its tokenizer beside it; the
+        # signature timed here takes ids, so any vocabulary of the model's size serves.
+        vocabulary = WORDPIECE_SPECIAL_TOKENS + [
+            f"t{i}" for i in range(len(WORDPIECE_SPECIAL_TOKENS),
+                                   model.config.resolved_target_vocab_size)]
+        run_dir.save_tokenizers(directory, SubwordTokenizer("wordpiece", vocabulary))
+        run_dir.save_model(model, model_path)
+    source = tf.constant(np.asarray(source, "int32"))
+    signatures = {}
+
+    def translate(n):
+        if n not in signatures:
+            path = export_saved_model(
+                model_path, os.path.join(directory, f"beam{beam_size}"), version=n,
+                beam_size=beam_size, alpha=alpha, max_output_length=n,
+                batch_sizes=(int(source.shape[0]),), lengths=(int(source.shape[1]),),
+                verbose=False)
+            signatures[n] = tf.saved_model.load(path).signatures["translate_ids"]
+        return signatures[n](source_ids=source)["ids"].numpy()
+
+    return translate
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[-1],
@@ -200,6 +244,8 @@ def main(argv=None):
     parser.add_argument("--no-uncached", action="store_true", help="cached searches only")
     parser.add_argument("--ctranslate2", action="store_true",
                         help="also CTranslate2 fp32 and int8 on the same weights")
+    parser.add_argument("--saved-model", action="store_true",
+                        help="also the exported SavedModel's translate_ids (exported per length)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes to check that the script runs (figures meaningless)")
     args = parser.parse_args(argv)
@@ -250,6 +296,12 @@ def main(argv=None):
             translate = ctranslate2_peer(model, source, peers_dir.name, quantization)
             methods[f"greedy_ct2_{quantization}"] = lambda n, t=translate: t(n, 1)
             methods[f"beam_ct2_{quantization}"] = lambda n, t=translate: t(n, k)
+    if args.saved_model:
+        import tempfile
+
+        exports_dir = tempfile.TemporaryDirectory(prefix="decoding-saved-model-")
+        methods["greedy_saved_model"] = saved_model_peer(model, source, exports_dir.name, 1, 0.0)
+        methods["beam_saved_model"] = saved_model_peer(model, source, exports_dir.name, k, 0.6)
 
     backend = common.backend_name()
     common.progress(f"decoding: backend {backend}, config {args.config}, batch "
@@ -291,11 +343,12 @@ def main(argv=None):
             summary[search].update(speedup=speedup, speedup_length=int(middle))
             common.progress(f"  {search}: uncached / cached at {middle} tokens = {speedup:.2f}x")
     if args.ctranslate2:
+        ours = ("cached", "saved_model") if args.saved_model else ("cached",)
         summary["ours_over_ctranslate2"] = {
-            f"{search}_{quantization}": {
-                n: seconds[f"{search}_cached"][n] / seconds[f"{search}_ct2_{quantization}"][n]
-                for n in seconds[f"{search}_cached"]}
-            for search in ("greedy", "beam") for quantization in ("fp32", "int8")}
+            f"{search}_{path}_{quantization}".replace("_cached", ""): {
+                n: seconds[f"{search}_{path}"][n] / seconds[f"{search}_ct2_{quantization}"][n]
+                for n in seconds[f"{search}_{path}"]}
+            for path in ours for search in ("greedy", "beam") for quantization in ("fp32", "int8")}
         for name, ratios in summary["ours_over_ctranslate2"].items():
             common.progress(f"  ours / CTranslate2 {name}: " + ", ".join(
                 f"{n}: {ratio:.2f}" for n, ratio in ratios.items()))
@@ -303,6 +356,11 @@ def main(argv=None):
                 for n in lengths]
         summary["greedy_ct2_fp32_matches_cached"] = min(same)
         common.progress(f"  greedy: CTranslate2 fp32 tokens equal to ours: {min(same):.1%}")
+    if args.saved_model:
+        same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_saved_model", n]))
+                for n in lengths]
+        summary["greedy_saved_model_matches_cached"] = min(same)
+        common.progress(f"  greedy: SavedModel tokens equal to ours: {min(same):.1%}")
     if not args.no_uncached:
         same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_uncached", n]))
                 for n in lengths]

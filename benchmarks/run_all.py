@@ -230,6 +230,11 @@ def report(results, backends, args, started):
 # printed tables); a run of this script keeps them.
 KEPT_SECTIONS = ("## Id checks in `Transformer.fit` (benchmarks/id_check.py)",
                  "## Decoding against CTranslate2 on the same weights (benchmarks/decoding.py --ctranslate2)",
+                 "## Decoding after the cache fixes: phases and the (batch, S, heads·width) layout "
+                 "(2026-11-24, 20:00)",
+                 "## Decoding against CTranslate2 under TensorFlow, and the exported SavedModel "
+                 "(2026-11-24, 20:41)",
+                 "## Keras int8 weight quantization (benchmarks/quantize.py, 2026-11-24)",
                  "## CTranslate2 export: quality and speed (benchmarks/ctranslate2_quality.py)",
                  "## Serving (benchmarks/serving.py)")
 

@@ -228,16 +228,19 @@ def test_each_token_is_aligned_to_its_highest_cross_attention_source_position(mo
 
 @pytest.mark.parametrize("return_alignment", [False, True], ids=["plain", "aligned"])
 def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch, return_alignment):
-    """130 forced tokens run in phases of 32, 64 and 130 cache positions (three
+    """40 forced tokens run in phases of 8, 16 and 40 cache positions (three
     compiled loops: TensorFlow's XLA once failed on a third loop with a
-    constant passed through, tensorflow/tensorflow#122886)."""
+    constant passed through, tensorflow/tensorflow#122886). The first phase is
+    made small so that the test runs few steps; the library starts at 32."""
     from keras_transformer.inference import decoding, search
 
     assert search.cache_phases(130) == [32, 64, 130]
+    monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 8)
+    assert search.cache_phases(40) == [8, 16, 40]
     model = tiny_model(seed=4)
     set_output_bias(model, EOS, -1e9)  # no hypothesis ends: every phase runs
     source = source_batch()
-    options = dict(max_output_length=130, return_alignment=return_alignment)
+    options = dict(max_output_length=40, return_alignment=return_alignment)
     phased = [greedy_search(model, source, BOS, EOS, **options),
               beam_search(model, source, BOS, EOS, beam_size=2, **options)]
     monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 1024)  # one phase
@@ -245,7 +248,7 @@ def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch, return_a
     single = [greedy_search(model, source, BOS, EOS, **options),
               beam_search(model, source, BOS, EOS, beam_size=2, **options)]
     for phased_results, single_results in zip(phased, single):
-        assert phased_results[0].shape == (len(source), 130)
+        assert phased_results[0].shape == (len(source), 40)
         np.testing.assert_array_equal(phased_results[0], single_results[0])
         np.testing.assert_allclose(phased_results[1], single_results[1], rtol=1e-5)
         if return_alignment:

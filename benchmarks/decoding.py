@@ -27,7 +27,8 @@ With `--ctranslate2`, the same model (same weights, the same EOS bias) is also
 converted with `keras_transformer.inference.ctranslate2_export.convert_model`, in
 fp32 and int8, and decoded by CTranslate2 (`translate_batch`, 2 threads, its
 own length penalty 0.6 for beam search, `min_decoding_length =
-max_decoding_length = n`): the peer of issue 18, and the ratios ours / CTranslate2.
+max_decoding_length = n`) in a worker process that imports nothing else and
+times each call itself: the peer of issue 18, and the ratios ours / CTranslate2.
 
 With `--saved-model`, the same model is also exported as a SavedModel
 (`export_saved_model`, once per search and length, with `max_output_length =
@@ -158,11 +159,66 @@ class _Vocabulary:
         return f"t{token_id}"
 
 
-def ctranslate2_peer(model, source, directory, quantization):
-    """A function (n, beam_size) -> (batch, n) ids: CTranslate2 decoding the
-    same weights with exactly n new tokens."""
-    import ctranslate2
+# CTranslate2 decodes in a process of its own, which imports nothing else, so
+# that neither runtime's threads, thread settings or libraries reach the
+# other's. (On 2026-11-24 its speed moved up to 5x between runs: int8 greedy at
+# 32 tokens took 1.69 ms per token in the TensorFlow benchmark's process and
+# 8.3-9.2 ms elsewhere, in-process or standalone; the cause was not found.)
+# Protocol: one JSON line {"paths": {quantization: directory}, "pieces": ...},
+# then one line {"quantization", "n", "beam_size"} per call, answered with
+# {"ids", "seconds"}: the ids and the time translate_batch took there.
+_CTRANSLATE2_WORKER = """
+import json, sys, time
+import ctranslate2
+setup = json.loads(sys.stdin.readline())
+translators = {name: ctranslate2.Translator(path, device="cpu", intra_threads=2)
+               for name, path in setup["paths"].items()}
+for line in sys.stdin:
+    call = json.loads(line)
+    start = time.perf_counter()
+    outputs = translators[call["quantization"]].translate_batch(
+        setup["pieces"], beam_size=call["beam_size"], length_penalty=0.6,
+        min_decoding_length=call["n"], max_decoding_length=call["n"])
+    seconds = time.perf_counter() - start
+    ids = [[int(token[1:]) for token in output.hypotheses[0]] for output in outputs]
+    print(json.dumps({"ids": ids, "seconds": seconds}), flush=True)
+"""
 
+
+class CTranslate2Peer:
+    """CTranslate2 decoding the same weights with exactly n new tokens, in a
+    worker process; `translate(quantization, n, beam_size)` returns the
+    (batch, n) ids and the seconds the worker measured."""
+
+    def __init__(self, model, source, directory, quantizations=("fp32", "int8")):
+        import subprocess
+
+        paths = {quantization: convert_for_ctranslate2(model, directory, quantization)
+                 for quantization in quantizations}
+        pieces = [[f"t{i}" for i in row] for row in np.asarray(source).tolist()]
+        self.worker = subprocess.Popen([sys.executable, "-c", _CTRANSLATE2_WORKER],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._send({"paths": paths, "pieces": pieces})
+
+    def _send(self, message):
+        self.worker.stdin.write(json.dumps(message) + "\n")
+        self.worker.stdin.flush()
+
+    def translate(self, quantization, n, beam_size):
+        self._send({"quantization": quantization, "n": n, "beam_size": beam_size})
+        line = self.worker.stdout.readline()
+        if not line:
+            sys.exit("error: the CTranslate2 worker process ended (its error is above).")
+        answer = json.loads(line)
+        return np.array(answer["ids"]), answer["seconds"]
+
+    def close(self):
+        self.worker.stdin.close()
+        self.worker.wait()
+
+
+def convert_for_ctranslate2(model, directory, quantization):
+    """The model converted to a CTranslate2 directory under `directory`."""
     from keras_transformer.inference.ctranslate2_export import convert_model
 
     vocabulary = _Vocabulary(model.config.resolved_target_vocab_size)
@@ -177,17 +233,7 @@ def ctranslate2_peer(model, source, directory, quantization):
     config["add_source_eos"] = False
     with open(config_path, "w") as f:
         json.dump(config, f)
-    translator = ctranslate2.Translator(path, device="cpu", intra_threads=2)
-    pieces = [[f"t{i}" for i in row] for row in np.asarray(source).tolist()]
-
-    def translate(n, beam_size):
-        outputs = translator.translate_batch(
-            pieces, beam_size=beam_size, length_penalty=0.6, min_decoding_length=n,
-            max_decoding_length=n)
-        return np.array([[int(token[1:]) for token in output.hypotheses[0]]
-                         for output in outputs])
-
-    return translate
+    return path
 
 
 def saved_model_peer(model, source, directory, beam_size, alpha):
@@ -224,6 +270,14 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
         return signatures[n](source_ids=source)["ids"].numpy()
 
     return translate
+
+
+def self_timed(elapsed, result):
+    """(seconds, ids) of a timed call: a method that times itself elsewhere
+    (the CTranslate2 worker) returns (ids, its seconds), which replace ours."""
+    if isinstance(result, tuple):
+        return result[1], result[0]
+    return elapsed, result
 
 
 def main(argv=None):
@@ -292,10 +346,13 @@ def main(argv=None):
         import tempfile
 
         peers_dir = tempfile.TemporaryDirectory(prefix="decoding-ctranslate2-")
+        peer = CTranslate2Peer(model, source, peers_dir.name)
         for quantization in ("fp32", "int8"):
-            translate = ctranslate2_peer(model, source, peers_dir.name, quantization)
-            methods[f"greedy_ct2_{quantization}"] = lambda n, t=translate: t(n, 1)
-            methods[f"beam_ct2_{quantization}"] = lambda n, t=translate: t(n, k)
+            # These return (ids, seconds): the worker's own time.
+            methods[f"greedy_ct2_{quantization}"] = \
+                lambda n, q=quantization: peer.translate(q, n, 1)
+            methods[f"beam_ct2_{quantization}"] = \
+                lambda n, q=quantization: peer.translate(q, n, k)
     if args.saved_model:
         import tempfile
 
@@ -315,10 +372,10 @@ def main(argv=None):
                 width_k = 1 if method.startswith("greedy") else k
                 first_s, _ = common.timed(uncached.warm_up, source, n, width_k)
             else:
-                first_s, _ = common.timed(run, n)  # compiles this shape
+                first_s, _ = self_timed(*common.timed(run, n))  # compiles this shape
             times = []
             for _ in range(repeats):
-                elapsed, tokens = common.timed(run, n)
+                elapsed, tokens = self_timed(*common.timed(run, n))
                 times.append(elapsed)
             if tokens.shape[1] != n:
                 sys.exit(f"error: {method} produced {tokens.shape[1]} tokens, not {n}: "
@@ -367,6 +424,8 @@ def main(argv=None):
         summary["greedy_uncached_matches_cached"] = min(same)
         common.progress(f"  greedy: uncached tokens equal to cached ones: {min(same):.1%} "
                         "(below 100% only from float rounding between the two paths)")
+    if args.ctranslate2:
+        peer.close()
     common.emit({
         "benchmark": "decoding", "backend": backend, "config": args.config,
         "sizes": common.SIZES[args.config], "batch_size": args.batch_size,

@@ -234,6 +234,8 @@ KEPT_SECTIONS = ("## Id checks in `Transformer.fit` (benchmarks/id_check.py)",
                  "(2026-11-24, 20:00)",
                  "## Decoding against CTranslate2 under TensorFlow, and the exported SavedModel "
                  "(2026-11-24, 20:41)",
+                 "## Decoding on JAX and torch against CTranslate2 in its own process "
+                 "(2026-11-24, 21:25–21:33)",
                  "## Keras int8 weight quantization (benchmarks/quantize.py, 2026-11-24)",
                  "## CTranslate2 export: quality and speed (benchmarks/ctranslate2_quality.py)",
                  "## Serving (benchmarks/serving.py)")

@@ -91,6 +91,24 @@ def random_batch(batch, source_length, target_length, vocab, seed=0):
     return source, target, labels
 
 
+def test_set(sources_path=None, references_path=None, limit=None):
+    """(sources, references): the files' lines, or the quickstart's test split
+    (`synthetic_translation(500, seed=3)`) without them; the first `limit`."""
+    if sources_path:
+        with open(sources_path, encoding="utf-8") as f:
+            sources = f.read().splitlines()
+        with open(references_path, encoding="utf-8") as f:
+            references = f.read().splitlines()
+    else:
+        from keras_transformer.training.data import synthetic_translation
+
+        test = synthetic_translation(500, seed=3)
+        sources, references = list(test.sources), list(test.targets)
+    if limit:
+        sources, references = sources[:limit], references[:limit]
+    return sources, references
+
+
 def timed(function, *args):
     """(seconds, result) of one call."""
     start = time.perf_counter()

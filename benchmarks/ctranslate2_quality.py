@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402,F401  (puts the repository on sys.path)
+import common  # noqa: E402  (also puts the repository on sys.path)
 
 BATCH = 32
 
@@ -80,18 +80,7 @@ def main(argv=None):
     from keras_transformer.inference import Translator
     from keras_transformer.inference.ctranslate2_export import export_ctranslate2
 
-    if args.sources:
-        with open(args.sources, encoding="utf-8") as f:
-            sources = f.read().splitlines()
-        with open(args.references, encoding="utf-8") as f:
-            references = f.read().splitlines()
-    else:
-        from keras_transformer.training.data import synthetic_translation
-
-        test = synthetic_translation(500, seed=3)
-        sources, references = list(test.sources), list(test.targets)
-    if args.limit:
-        sources, references = sources[:args.limit], references[:args.limit]
+    sources, references = common.test_set(args.sources, args.references, args.limit)
     model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(args.run_dir)
     translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
 

@@ -103,18 +103,7 @@ def run_model_part(args):
     from keras_transformer.evaluation import bleu_scores
     from keras_transformer.inference import Translator
 
-    if args.sources:
-        with open(args.sources, encoding="utf-8") as f:
-            sources = f.read().splitlines()
-        with open(args.references, encoding="utf-8") as f:
-            references = f.read().splitlines()
-    else:
-        from keras_transformer.training.data import synthetic_translation
-
-        test = synthetic_translation(500, seed=3)
-        sources, references = list(test.sources), list(test.targets)
-    if args.limit:
-        sources, references = sources[:args.limit], references[:args.limit]
+    sources, references = common.test_set(args.sources, args.references, args.limit)
 
     def score(texts):
         cased, _ = bleu_scores(texts, references, force=True)

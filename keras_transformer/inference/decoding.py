@@ -171,8 +171,8 @@ def sample_search(model, source_ids, bos_id, eos_id, temperature=1.0, top_k=0, t
     numbers from a hash of (`seed`, the sentence's stream id, j, the step),
     so the same sentence with the same seed and stream id gives the same
     output on a given backend, whatever else is in the batch, and its first
-    sample is the same whatever `num_return`. Backends may still differ where their floating
-    point rounds a near-tie differently.
+    sample is the same whatever `num_return`. Backends may still differ
+    where their floating point rounds a near-tie differently.
 
     Args:
         model: A `keras_transformer.Transformer`.

@@ -235,26 +235,27 @@ class Translator:
         scores = np.zeros((count, num_return), "float32")
 
         pad_id, eos_id = self._model.config.pad_id, self._target_tokenizer.eos_id
+        options = dict(max_output_length=max_output_length, num_return=num_return,
+                       return_alignment=return_alignment)
+        if sampling is None:
+            search = beam_search
+            options.update(beam_size=beam_size, alpha=alpha)
+        else:
+            search = sample_search
+            options.update(dataclasses.asdict(sampling))
         # Longest first, so a batch holds similar lengths and little padding.
         order = sorted((i for i in range(count) if sources[i]), key=lambda i: -len(sources[i]))
         progress = keras.utils.Progbar(count, unit_name="sentence") if verbose and count else None
         done = count - len(order)  # empty sentences need no decoding
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            common = dict(max_output_length=max_output_length, num_return=num_return,
-                          return_alignment=return_alignment)
-            if sampling is None:
-                search, options = beam_search, dict(beam_size=beam_size, alpha=alpha)
-            else:
-                search = sample_search
-                options = dict(dataclasses.asdict(sampling),
-                               stream_ids=[stream_ids[i] for i in rows])
+            if sampling is not None:  # each sentence keeps its own random stream
+                options["stream_ids"] = [stream_ids[i] for i in rows]
             ids, batch_scores, *positions = search(
                 self._model,
                 self._pad([sources[i] for i in rows]),
                 self._target_tokenizer.bos_id,
                 self._target_tokenizer.eos_id,
-                **common,
                 **options,
             )
             ids = ids.reshape(len(rows), num_return, ids.shape[-1])

@@ -255,7 +255,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 # and a loop that carries them updates each one in place.
                 key_cache, value_cache = cache
                 start = [0, cache_update_index, 0]
-                k = ops.slice_update(key_cache, start, ops.cast(self._flat_heads(k), key_cache.dtype))
+                k = ops.slice_update(key_cache, start,
+                                     ops.cast(self._flat_heads(k), key_cache.dtype))
                 v = ops.slice_update(value_cache, start,
                                      ops.cast(self._flat_heads(v), value_cache.dtype))
                 cache = (k, v)

@@ -10,7 +10,10 @@ base model). `fit_steps` runs `model.fit` over a repeating dataset in windows of
   loses at most `checkpoint_every` steps;
 - `StepCheckpoint` saves `checkpoints/step-NNNNNNN.keras`, keeping the last
   `keep_checkpoints` for checkpoint averaging (§6.1);
-- `keras.callbacks.CSVLogger` and `keras.callbacks.TensorBoard` log the losses.
+- `WindowClock` times the window (its `seconds`, validation included, and its
+  `compile_seconds`, the stalls of steps that compiled a new batch shape) and
+  `keras.callbacks.CSVLogger` and `keras.callbacks.TensorBoard` log it with the
+  losses, so `training_log.csv` says how long each window took.
 
 `NonFiniteGuard` watches every step's loss. The first NaN or infinite loss
 stops training, and neither the checkpoint nor the backup of that window is
@@ -210,6 +213,68 @@ class RunBackup(keras.callbacks.BackupAndRestore):
         self.model._initial_epoch = state["epoch"]
 
 
+class WindowClock(keras.callbacks.Callback):
+    """Adds wall-clock figures to every window's logs (before `CSVLogger`
+    writes them):
+
+    - `seconds`: the window, from its first step to the end of its
+      validation pass;
+    - `validation_seconds`: the validation pass alone;
+    - `compile_seconds`: what the window's slow steps took beyond the median
+      step, a step being slow when it took more than `slow_factor` times the
+      median. A compiled train step stalls the first time it meets a new
+      batch shape (JAX and TensorFlow compile each shape once), so this is
+      the compilation time of the window's new shapes, plus any other stall;
+      it is near zero once every bucket shape has been seen, or when a
+      persistent compilation cache already holds them.
+
+    Step durations come from `on_train_batch_begin/end`, which `fit` calls
+    after each step's outputs are ready (the `NonFiniteGuard` reads the loss).
+    """
+
+    def __init__(self, slow_factor=3.0):
+        super().__init__()
+        self.slow_factor = slow_factor
+        self._window = self._step = self._validation = None
+        self._durations = []
+        self._validation_seconds = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._window = time.monotonic()
+        self._durations = []
+        self._validation_seconds = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._step is not None:
+            self._durations.append(time.monotonic() - self._step)
+
+    def on_test_begin(self, logs=None):
+        self._validation = time.monotonic()
+
+    def on_test_end(self, logs=None):
+        if self._validation is not None:
+            self._validation_seconds += time.monotonic() - self._validation
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or self._window is None:
+            return
+        logs["seconds"] = time.monotonic() - self._window
+        logs["validation_seconds"] = self._validation_seconds
+        logs["compile_seconds"] = stall_seconds(self._durations, self.slow_factor)
+
+
+def stall_seconds(durations, slow_factor=3.0):
+    """The time that steps slower than `slow_factor` × the median step took
+    beyond the median (0 for no steps)."""
+    if not len(durations):
+        return 0.0
+    median = float(np.median(durations))
+    return float(sum(d - median for d in durations if d > slow_factor * median))
+
+
 class TimeBudget(keras.callbacks.Callback):
     """Stops `model.fit` once `seconds` of training have passed.
 
@@ -282,6 +347,7 @@ def fit_steps(
         RunBackup(run_files.path(run_dir, run_files.BACKUP), guard=guard),
         StepCheckpoint(run_files.path(run_dir, run_files.CHECKPOINTS), keep=keep_checkpoints,
                        guard=guard),
+        WindowClock(),
         keras.callbacks.CSVLogger(run_files.path(run_dir, run_files.TRAINING_LOG), append=True),
         keras.callbacks.TensorBoard(run_files.path(run_dir, run_files.LOGS),
                                     update_freq="epoch"),

@@ -14,8 +14,10 @@ from keras_transformer import run_dir
 from keras_transformer.training.fit import (
     NonFiniteLossError,
     TimeBudget,
+    WindowClock,
     fit_steps,
     list_checkpoints,
+    stall_seconds,
     weights_are_finite,
 )
 from keras_transformer.training.toy_tasks import reverse_task
@@ -110,6 +112,28 @@ def test_time_budget_does_not_stop_a_run_that_fits_in_it():
     model.fit(x, y, batch_size=8, epochs=2, callbacks=[budget], verbose=0)
     assert not budget.exhausted
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 16
+
+
+def test_stall_seconds_counts_slow_steps_beyond_the_median():
+    # Two compilations (2.0 s and 1.1 s steps) among 0.1 s steps.
+    durations = [2.0, 0.1, 0.1, 1.1, 0.1, 0.12, 0.09]
+    assert stall_seconds(durations) == pytest.approx((2.0 - 0.1) + (1.1 - 0.1))
+    assert stall_seconds([0.1, 0.12, 0.25]) == 0.0  # within 3x the median: no stall
+    assert stall_seconds([]) == 0.0
+
+
+def test_window_clock_times_each_window_and_its_validation_pass():
+    model, x, y = tiny_regression()
+    clock, seen = WindowClock(), []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
+        dict(logs)))
+    model.fit(x, y, batch_size=8, epochs=2, validation_data=(x[:16], y[:16]),
+              callbacks=[clock, record], verbose=0)
+    assert len(seen) == 2
+    for logs in seen:
+        assert logs["seconds"] > 0
+        assert 0 < logs["validation_seconds"] < logs["seconds"]
+        assert 0 <= logs["compile_seconds"] < logs["seconds"]
 
 
 @pytest.mark.parametrize("seconds", [0, -1.0, float("nan")])

@@ -5,6 +5,13 @@
 The rate rises linearly for the first `warmup_steps` steps and then decays with the
 inverse square root of the step number. Keras counts optimizer iterations from 0,
 the paper counts steps from 1, so iteration i uses step_num = i + 1.
+
+Not in the paper: a linear cooldown. Given `total_steps` and `cooldown_steps`,
+the rate of eq. (3) is multiplied by (total_steps - i) / cooldown_steps over the
+last `cooldown_steps` iterations, so it falls linearly to 1/cooldown_steps of
+eq. (3) at the last step. A run whose length is known in advance ends at a low
+rate instead of the 1/√step of eq. (3) (the "budgeted training" of Li et al.
+2020; the cooldown of Hägele et al. 2024).
 """
 
 import numbers
@@ -23,6 +30,9 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
         d_model: Model width; the peak rate scales with d_model^-0.5.
         warmup_steps: Steps of linear warmup (4000 in the paper).
         scale: A constant factor on the whole schedule (1.0 in the paper).
+        total_steps: The run's length in steps, for the cooldown.
+        cooldown_steps: Steps at the end of `total_steps` over which the rate
+            falls linearly towards 0 (0: none, the paper's schedule).
 
     Call arguments:
         step: The optimizer's 0-based iteration count.
@@ -37,7 +47,8 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     0.000699
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None,
+                 cooldown_steps=0):
         self.d_model = check_positive_int("d_model", d_model)
         self.warmup_steps = check_positive_int("warmup_steps", warmup_steps)
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not scale > 0:
@@ -46,11 +57,26 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "1.0 in the paper."
             )
         self.scale = float(scale)
+        self.total_steps = None if total_steps is None else check_positive_int(
+            "total_steps", total_steps, "the run's length, for the cooldown")
+        self.cooldown_steps = 0
+        if cooldown_steps != 0:
+            self.cooldown_steps = check_positive_int("cooldown_steps", cooldown_steps,
+                                                     "or 0 for no cooldown")
+            if self.total_steps is None:
+                raise ValueError(f"cooldown_steps={cooldown_steps} needs total_steps, the "
+                                 "run's length.")
+            if self.cooldown_steps > self.total_steps:
+                raise ValueError(
+                    f"cooldown_steps={cooldown_steps} is more than total_steps={total_steps}.")
 
     def __call__(self, step):
         step_num = ops.cast(step, "float32") + 1.0
         warmup = ops.cast(self.warmup_steps, "float32")
         rate = ops.minimum(ops.rsqrt(step_num), step_num * warmup**-1.5)
+        if self.cooldown_steps:
+            left = float(self.total_steps) - ops.cast(step, "float32")
+            rate = rate * ops.clip(left / float(self.cooldown_steps), 0.0, 1.0)
         return self.scale * self.d_model**-0.5 * rate
 
     def get_config(self):
@@ -58,23 +84,28 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "d_model": self.d_model,
             "warmup_steps": self.warmup_steps,
             "scale": self.scale,
+            "total_steps": self.total_steps,
+            "cooldown_steps": self.cooldown_steps,
         }
 
 
-def paper_adam(d_model, warmup_steps=4000, scale=1.0, **kwargs):
+def paper_adam(d_model, warmup_steps=4000, scale=1.0, total_steps=None, cooldown_steps=0,
+               **kwargs):
     """The paper's optimizer: Adam(β1=0.9, β2=0.98, ε=1e-9) on `NoamSchedule`.
 
     Args:
         d_model: Model width.
         warmup_steps: Warmup steps of the schedule.
         scale: Constant factor on the schedule.
+        total_steps, cooldown_steps: The optional linear cooldown of
+            `NoamSchedule` (not in the paper).
         **kwargs: More `keras.optimizers.Adam` arguments (e.g. `clipnorm`).
 
     Returns:
         A `keras.optimizers.Adam`.
     """
     return keras.optimizers.Adam(
-        learning_rate=NoamSchedule(d_model, warmup_steps, scale),
+        learning_rate=NoamSchedule(d_model, warmup_steps, scale, total_steps, cooldown_steps),
         beta_1=0.9,
         beta_2=0.98,
         epsilon=1e-9,

@@ -28,8 +28,22 @@ def test_peaks_at_warmup_and_scales():
     assert np.all(np.diff(rates[:100]) > 0) and np.all(np.diff(rates[100:]) < 0)
 
 
+def test_cooldown_falls_linearly_to_the_last_step_and_leaves_the_rest_as_eq_3():
+    total, cooldown = 300, 100
+    schedule = NoamSchedule(d_model=256, warmup_steps=50, scale=0.5, total_steps=total,
+                            cooldown_steps=cooldown)
+    rates = np.array([float(ops.convert_to_numpy(schedule(i))) for i in range(total)])
+    paper = np.array([0.5 * paper_rate(i + 1, 256, 50) for i in range(total)])
+    np.testing.assert_allclose(rates[:total - cooldown + 1], paper[:total - cooldown + 1],
+                               rtol=1e-5)
+    factors = rates[total - cooldown:] / paper[total - cooldown:]
+    np.testing.assert_allclose(factors, np.arange(cooldown, 0, -1) / cooldown, rtol=1e-4)
+    assert rates[-1] > 0  # the last step still trains
+
+
 def test_serialization_round_trip():
-    schedule = NoamSchedule(d_model=64, warmup_steps=10, scale=0.5)
+    schedule = NoamSchedule(d_model=64, warmup_steps=10, scale=0.5, total_steps=100,
+                            cooldown_steps=20)
     revived = keras.optimizers.schedules.deserialize(
         keras.optimizers.schedules.serialize(schedule)
     )
@@ -53,6 +67,10 @@ def test_paper_adam_hyperparameters():
     (dict(d_model=512, warmup_steps=True), "warmup_steps=True must be a positive integer"),
     (dict(d_model=512, scale=0), "scale=0 must be a number > 0"),
     (dict(d_model=512, scale=float("nan")), "scale=nan must be a number > 0"),
+    (dict(d_model=512, cooldown_steps=10), "needs total_steps"),
+    (dict(d_model=512, total_steps=10, cooldown_steps=20), "more than total_steps=10"),
+    (dict(d_model=512, total_steps=10, cooldown_steps=-1), "cooldown_steps=-1 must be a"),
+    (dict(d_model=512, total_steps=0), "total_steps=0 must be a positive integer"),
 ])
 def test_bad_arguments_are_explained(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -174,6 +174,9 @@ def _plot(args):
     elif args.figure == "training":
         runs = {os.path.basename(os.path.normpath(run)): run for run in args.runs}
         print(plots.plot_training_log(args.output, runs, steps_per_window=args.steps_per_window))
+    elif args.figure == "validation":
+        runs = {os.path.basename(os.path.normpath(run)): run for run in args.runs}
+        print(plots.plot_validation_curve(args.output, runs))
     else:
         paths = plots.plot_translation_attention(
             _translator(args.model), args.sentence, args.output_dir,
@@ -417,6 +420,10 @@ def build_parser():
     training.add_argument("--output", default="plots/training.png", help="PNG file")
     training.add_argument("--steps-per-window", type=_positive_int,
                           help="the runs' --checkpoint-every, to count optimizer steps")
+    curve = figure("validation", help="validation BLEU against training time of recipe runs "
+                                      "trained with --validation-curve")
+    curve.add_argument("runs", nargs="+", help="run directories (or validation_curve.csv files)")
+    curve.add_argument("--output", default="plots/validation.png", help="PNG file")
     plot.set_defaults(run=_plot)
 
     average = command("average", help="average checkpoints into one model (§6.1)")

@@ -41,6 +41,7 @@ BACKUP = "backup"
 COMPILATION_CACHE = "compilation_cache"
 LOGS = "logs"
 TRAINING_LOG = "training_log.csv"
+VALIDATION_CURVE = "validation_curve.csv"  # a recipe's --validation-curve
 RESULTS = "results.json"
 
 

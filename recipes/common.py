@@ -8,13 +8,18 @@ A recipe supplies its corpus and its defaults; `run` does the rest:
 4. `model.fit` for the requested steps with checkpoints, BackupAndRestore,
    TensorBoard and CSV logs (see keras_transformer/training/fit.py),
 5. save `model.keras` with `tokenizer/` beside it, average the last
-   checkpoints (§6.1), and evaluate both on the test split with beam search,
-6. with `--export-dir`, export the run's model (`model.keras`, see
+   checkpoints (§6.1), with `--tune-alpha` pick the length penalty on the
+   validation split, and evaluate both models on the test split with beam
+   search,
+6. with `--validation-curve`, score every checkpoint on the validation split
+   (`validation_curve.csv`: BLEU against training time),
+7. with `--export-dir`, export the run's model (`model.keras`, see
    `keras_transformer.run_dir`) as a TensorFlow SavedModel.
 
 Run it again with the same command after a crash or a kill, at any point: it
 resumes. results.json records the phases that are done ("training", "saved",
-"averaged", "evaluated", "evaluated_averaged", "exported"), each written
+"averaged", "tuned", "evaluated", "evaluated_averaged", "validation_curve",
+"exported"), each written
 atomically, and the same command does only the missing ones; training resumes
 from the backup of its last window. A larger --steps trains on from there.
 Add `--evaluate-only` to score a finished run again without training.
@@ -94,6 +99,10 @@ def build_parser(name, description, defaults):
     model.add_argument("--num-heads", type=int, help="h, attention heads")
     model.add_argument("--d-ff", type=int, help="feed-forward inner width")
     model.add_argument("--dropout-rate", type=float, help="P_drop")
+    model.add_argument("--attention-dropout-rate", type=float,
+                       help="dropout on the attention weights (not in the paper)")
+    model.add_argument("--activation-dropout-rate", type=float,
+                       help="dropout on the feed-forward ReLU activations (not in the paper)")
     model.add_argument("--label-smoothing", type=float, help="ε_ls")
     model.add_argument("--warmup-steps", type=int, help="learning-rate warmup steps")
     model.add_argument("--position-encoding", choices=("sinusoidal", "learned"),
@@ -101,12 +110,26 @@ def build_parser(name, description, defaults):
     model.add_argument("--norm-position", choices=("post", "pre"), help="LayerNorm placement")
     model.add_argument("--lr-scale", type=float, default=1.0,
                        help="constant factor on the Noam learning-rate schedule")
+    model.add_argument("--cooldown-steps", type=int, default=0,
+                       help="over the last N steps of --steps, lower the rate linearly "
+                            "towards 0 (not in the paper; 0: none)")
 
     evaluation = parser.add_argument_group("evaluation")
     evaluation.add_argument("--beam-size", type=int, default=4, help="beam size (§6.1: 4)")
     evaluation.add_argument("--alpha", type=float, default=0.6, help="length penalty α (§6.1: 0.6)")
+    evaluation.add_argument("--tune-alpha", type=_alphas, metavar="A,B,...",
+                            help="before the test split, translate the validation split with "
+                                 "each of these length penalties (the averaged model's, else "
+                                 "the final one's) and use the one of highest lower-cased BLEU "
+                                 "instead of --alpha; the test split plays no part")
     evaluation.add_argument("--eval-limit", type=int,
                             help="evaluate on only the first N distinct test sentences")
+    evaluation.add_argument("--validation-curve", action="store_true",
+                            help="keep every checkpoint, and after training score each on the "
+                                 "validation split (beam search, --beam-size, --alpha) into "
+                                 "RUN_DIR/validation_curve.csv: BLEU against training time "
+                                 "(keras-transformer plot validation RUN_DIR draws it); "
+                                 "--keep-checkpoints still says how many are averaged")
     evaluation.add_argument("--evaluate-only", action="store_true",
                             help="train nothing: evaluate the run directory's model.keras (and "
                                  "model_averaged.keras) on the test split again, e.g. with "
@@ -120,6 +143,17 @@ def build_parser(name, description, defaults):
                             help="skip the SavedModel export even if --export-dir is set")
     parser.set_defaults(**defaults)
     return parser
+
+
+def _alphas(text):
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(not value >= 0 for value in values):
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated non-negative numbers such as 0.6,0.8,1.0, got {text!r}")
+    return values
 
 
 def limit_pairs(corpus, limit):
@@ -138,6 +172,8 @@ def check_args(parser, args):
         value = getattr(args, name, None)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.cooldown_steps < 0:
+        parser.error(f"--cooldown-steps must be 0 or positive, got {args.cooldown_steps}")
     if args.epochs is not None and args.epochs <= 0:
         parser.error(f"--epochs must be positive, got {args.epochs}")
     if args.model_parallel < 1:
@@ -154,7 +190,7 @@ def model_config(args, vocab_size, target_vocab_size=None):
     overrides = {
         field: getattr(args, field)
         for field in ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
-                      "label_smoothing", "warmup_steps", "position_encoding", "norm_position",
+                      "attention_dropout_rate", "activation_dropout_rate", "label_smoothing", "warmup_steps", "position_encoding", "norm_position",
                       "max_length")
         if getattr(args, field, None) is not None
     }
@@ -170,13 +206,16 @@ def model_config(args, vocab_size, target_vocab_size=None):
     return config
 
 
-def compile_model(model, config, lr_scale=1.0):
+def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown_steps=0):
     """The paper's training setup: Adam(0.9, 0.98, 1e-9) with the eq. (3)
-    schedule (× lr_scale), label smoothing ε_ls, masked token accuracy."""
+    schedule (× lr_scale, with an optional linear cooldown over the last
+    `cooldown_steps` of `total_steps`), label smoothing ε_ls, masked token
+    accuracy."""
     import keras_transformer as kt
 
     model.compile(
-        optimizer=kt.paper_adam(config.d_model, config.warmup_steps, lr_scale),
+        optimizer=kt.paper_adam(config.d_model, config.warmup_steps, lr_scale, total_steps,
+                                cooldown_steps),
         loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
         metrics=[kt.MaskedTokenAccuracy(pad_id=config.pad_id)],
     )
@@ -309,7 +348,7 @@ def run(args, splits, name):
     if "saved" not in phases:
         with distributed.scope():
             model = kt.Transformer(config)
-            compile_model(model, config, args.lr_scale)
+            compile_model(model, config, args.lr_scale, total_steps, args.cooldown_steps)
         print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
               f"{json.dumps(dataclasses.asdict(config))}")
         start = time.time()
@@ -318,7 +357,8 @@ def run(args, splits, name):
         every = min(args.checkpoint_every, total_steps)
         history = fit_steps(model, train_dataset, args.run_dir, total_steps,
                             checkpoint_every=every, validation_dataset=validation_dataset,
-                            keep_checkpoints=args.keep_checkpoints, verbose=args.verbose)
+                            keep_checkpoints=None if args.validation_curve
+                            else args.keep_checkpoints, verbose=args.verbose)
         steps = optimizer_step(model)
         if "training" not in phases:
             train_seconds = time.time() - start
@@ -341,6 +381,14 @@ def run(args, splits, name):
         print(f"Averaged the last {len(checkpoints[-args.keep_checkpoints:])} checkpoints "
               f"into {averaged_path}")
         finish("averaged")
+    if args.tune_alpha and "tuned" not in phases:
+        if not validation.sources:
+            raise ValueError("--tune-alpha: this corpus has no validation split.")
+        tuned = averaged_path if "averaged" in phases else model_path
+        finish("tuned", alpha_tuning=tune_alpha(args, run_dir.load_model(tuned), tuned,
+                                                source_tokenizer, target_tokenizer, validation))
+    if "tuned" in phases:
+        args.alpha = results["alpha_tuning"]["alpha"]
     if test.sources:
         if "evaluated" not in phases:
             finish("evaluated", **evaluate_test(args, model, source_tokenizer,
@@ -351,6 +399,11 @@ def run(args, splits, name):
             finish("evaluated_averaged", averaged=evaluate_test(
                 args, averaged, source_tokenizer, target_tokenizer, test,
                 "test_hypotheses_averaged"))
+    if args.validation_curve and "validation_curve" not in phases:
+        if not validation.sources:
+            raise ValueError("--validation-curve: this corpus has no validation split.")
+        finish("validation_curve", validation_curve=validation_curve(
+            args, checkpoints, source_tokenizer, target_tokenizer, validation))
     if args.export_dir and not args.no_export and "exported" not in phases:
         from keras_transformer.inference.export import export_saved_model
 
@@ -361,6 +414,92 @@ def run(args, splits, name):
         print(f"Nothing left to do: {results_path} records every phase. Use --evaluate-only "
               "to score the run again, or a larger --steps to train on.")
     return results
+
+
+def tune_alpha(args, model, model_path, source_tokenizer, target_tokenizer, validation):
+    """Translates the validation split with beam search (--beam-size) once per
+    α of --tune-alpha and returns {"alpha": the α of highest lower-cased BLEU
+    (the first on a tie), "model": model_path, "bleu_lowercase": {α: BLEU}}."""
+    from keras_transformer.evaluation import evaluate, group_references
+    from keras_transformer.inference import Translator
+
+    sources, references = group_references(validation.sources, validation.targets)
+    limit = args.eval_limit or len(sources)
+    sources, references = sources[:limit], references[:limit]
+    translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
+    scores = {}
+    for alpha in args.tune_alpha:
+        result = evaluate(translator, sources, references, beam_size=args.beam_size,
+                          alpha=alpha, verbose=0)
+        scores[str(alpha)] = round(result.bleu_lowercase, 2)
+        print(f"Tuning alpha on {len(sources)} validation sentences ({model_path}): alpha "
+              f"{alpha}, BLEU lower-cased {result.bleu_lowercase:.2f}, cased "
+              f"{result.bleu:.2f}", flush=True)
+    best = max(args.tune_alpha, key=lambda alpha: scores[str(alpha)])
+    print(f"Alpha {best} from the validation split (lower-cased BLEU {scores[str(best)]:.2f})")
+    return {"alpha": best, "model": model_path, "bleu_lowercase": scores}
+
+
+def validation_curve(args, checkpoints, source_tokenizer, target_tokenizer, validation):
+    """Scores every checkpoint on the validation split with the recipe's beam
+    search and writes RUN_DIR/validation_curve.csv, one row per checkpoint:
+    its step, the training time up to it (the `seconds` of its window and the
+    windows before, from training_log.csv), cased and lower-cased BLEU.
+
+    Returns the rows as dicts.
+    """
+    import csv
+
+    from keras_transformer import run_dir
+    from keras_transformer.evaluation import evaluate, group_references
+    from keras_transformer.inference import Translator
+    from keras_transformer.training.fit import CHECKPOINT_PATTERN
+
+    elapsed = training_seconds_by_step(run_dir.path(args.run_dir, run_dir.TRAINING_LOG),
+                                       args.checkpoint_every)
+    sources, references = group_references(validation.sources, validation.targets)
+    limit = args.eval_limit or len(sources)
+    sources, references = sources[:limit], references[:limit]
+    rows = []
+    for index, path in enumerate(checkpoints, 1):
+        step = int(CHECKPOINT_PATTERN.search(path).group(1))
+        translator = Translator(run_dir.load_model(path), source_tokenizer,
+                                target_tokenizer=target_tokenizer)
+        result = evaluate(translator, sources, references, beam_size=args.beam_size,
+                          alpha=args.alpha, verbose=0)
+        rows.append({"step": step, "training_seconds": elapsed.get(step),
+                     "bleu": round(result.bleu, 2),
+                     "bleu_lowercase": round(result.bleu_lowercase, 2)})
+        print(f"Validation curve {index}/{len(checkpoints)}: step {step}, BLEU "
+              f"{result.bleu:.2f}, lower-cased {result.bleu_lowercase:.2f} "
+              f"({len(sources)} sentences in {result.seconds:.0f} s)", flush=True)
+    path = run_dir.path(args.run_dir, run_dir.VALIDATION_CURVE)
+    partial = path + ".partial"
+    with open(partial, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["step", "training_seconds", "bleu",
+                                               "bleu_lowercase"])
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(partial, path)
+    print(f"Wrote {path}")
+    return rows
+
+
+def training_seconds_by_step(log_path, steps_per_window):
+    """{step at the end of a window: training seconds up to it} from a
+    recipe's training_log.csv (its `epoch` column counts windows, its
+    `seconds` column times them; logs from before that column give {})."""
+    import csv
+
+    if not os.path.exists(log_path):
+        return {}
+    with open(log_path) as f:
+        rows = [row for row in csv.DictReader(f) if row.get("seconds")]
+    total, elapsed = 0.0, {}
+    for row in sorted(rows, key=lambda row: int(row["epoch"])):
+        total += float(row["seconds"])
+        elapsed[(int(row["epoch"]) + 1) * steps_per_window] = round(total, 1)
+    return elapsed
 
 
 def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="test_hypotheses"):
@@ -396,6 +535,7 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="t
               + "\n              ".join(refs))
     results = {"bleu": result.bleu, "bleu_lowercase": result.bleu_lowercase,
                "bleu_signature": result.bleu_signature, "exact_match": exact / len(references),
+               "beam_size": args.beam_size, "alpha": args.alpha,
                "test_sentences": len(sources), "test_references": pairs,
                "sentences_per_second": round(result.sentences_per_second, 2)}
     if pairs > len(sources):
@@ -423,8 +563,9 @@ def _evaluate_finished_run(args, test, name):
             "first with the same command without --evaluate-only.") from None
     results_path = run_dir.path(args.run_dir, run_dir.RESULTS)
     results = run_dir.read_json(results_path, default={"recipe": name})
-    for key in ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "test_sentences",
-                "test_references", "sentences_per_second", "per_pair", "averaged"):
+    for key in ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "beam_size",
+                "alpha", "test_sentences", "test_references", "sentences_per_second",
+                "per_pair", "averaged"):
         results.pop(key, None)
     results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
     averaged_path = run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)

@@ -115,6 +115,26 @@ def test_training_curves_from_recipe_logs(tmp_path):
         plots.plot_training_log(tmp_path / "x.png", {"x": str(tmp_path / "missing")})
 
 
+def test_validation_curves_from_recipe_runs(tmp_path):
+    for name, scores in (("final", [20.5, 30.1, 35.2]), ("current", [18.0, 27.3, 33.9])):
+        run = tmp_path / name
+        run.mkdir()
+        rows = ["step,training_seconds,bleu,bleu_lowercase"] + [
+            f"{200 * (i + 1)},{300.0 * (i + 1)},{score - 0.4},{score}"
+            for i, score in enumerate(scores)]
+        (run / "validation_curve.csv").write_text("\n".join(rows) + "\n")
+    path = plots.plot_validation_curve(tmp_path / "validation.png",
+                                       {"final": str(tmp_path / "final"),
+                                        "current": str(tmp_path / "current")})
+    width, height = png_size(path)
+    assert width > height
+    with pytest.raises(FileNotFoundError, match="--validation-curve"):
+        plots.plot_validation_curve(tmp_path / "x.png", {"x": str(tmp_path / "missing")})
+    (tmp_path / "untimed.csv").write_text("step,training_seconds,bleu,bleu_lowercase\n200,,1,1\n")
+    with pytest.raises(ValueError, match="no row with a training time"):
+        plots.plot_validation_curve(tmp_path / "x.png", {"x": str(tmp_path / "untimed.csv")})
+
+
 def test_variant_bars(tmp_path):
     rows = [{"variant": "base", "dev_bleu": 30.0, "dev_perplexity": 6.0},
             {"variant": "heads1", "dev_bleu": 28.5, "dev_perplexity": 6.6}]

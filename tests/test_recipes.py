@@ -107,6 +107,47 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
                          "--train-pairs", "200", "--test-pairs", "8", *TINY_MODEL])
 
 
+@once
+def test_validation_curve_and_alpha_tuning_use_the_validation_split(tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    results = quickstart.main([
+        "--run-dir", run_dir, "--steps", "6", "--checkpoint-every", "2",
+        "--keep-checkpoints", "2", "--train-pairs", "200", "--test-pairs", "6",
+        "--vocab-size", "320", *TINY_MODEL, "--no-export",
+        "--validation-curve", "--tune-alpha", "0,1.5",
+    ])
+    assert results["phases"] == ["training", "saved", "averaged", "tuned", "evaluated",
+                                 "evaluated_averaged", "validation_curve"]
+    # Every checkpoint is kept for the curve; the last two are averaged.
+    assert [os.path.basename(p) for p in sorted(
+        os.listdir(os.path.join(run_dir, "checkpoints")))] == [
+        "step-0000002.keras", "step-0000004.keras", "step-0000006.keras"]
+    assert "Averaged the last 2 checkpoints" in capsys.readouterr().out
+    # The window times of training_log.csv add up to the curve's training times.
+    log = read_log(run_dir)
+    assert all(float(row["seconds"]) > float(row["validation_seconds"]) > 0 for row in log)
+    seconds = [float(row["seconds"]) for row in log]
+    with open(os.path.join(run_dir, "validation_curve.csv")) as f:
+        curve = list(csv.DictReader(f))
+    assert [int(row["step"]) for row in curve] == [2, 4, 6]
+    assert [float(row["training_seconds"]) for row in curve] == pytest.approx(
+        [sum(seconds[:1]), sum(seconds[:2]), sum(seconds)], abs=0.2)
+    assert [row["bleu_lowercase"] for row in results["validation_curve"]] == [
+        float(row["bleu_lowercase"]) for row in curve]
+    # The tuned alpha is the one of highest validation BLEU, and the test split uses it.
+    tuning = results["alpha_tuning"]
+    assert tuning["model"] == os.path.join(run_dir, "model_averaged.keras")
+    assert set(tuning["bleu_lowercase"]) == {"0.0", "1.5"}
+    assert tuning["bleu_lowercase"][str(tuning["alpha"])] == max(
+        tuning["bleu_lowercase"].values())
+    assert results["alpha"] == results["averaged"]["alpha"] == tuning["alpha"]
+    from keras_transformer import cli
+
+    output = str(tmp_path / "validation.png")
+    cli.main(["plot", "validation", run_dir, "--output", output])
+    assert os.path.getsize(output) > 10_000
+
+
 @pytest.mark.parametrize("precision", ["mixed_bfloat16"])
 def test_quickstart_smoke_run_in_mixed_precision(tmp_path, precision):
     results = quickstart.main([

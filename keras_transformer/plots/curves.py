@@ -1,5 +1,6 @@
 """Curves and charts: the §3.5 positional encodings, the §5.3 learning-rate
-schedule (eq. 3), training logs of the recipes, and the Table 3 (§6.2) chart.
+schedule (eq. 3), training logs and validation BLEU curves of the recipes, and
+the Table 3 (§6.2) chart.
 """
 
 import itertools
@@ -169,6 +170,56 @@ def plot_training_log(path, runs, steps_per_window=None):
         axes.legend()
     loss_axes.set_title("label-smoothed cross-entropy per target token")
     accuracy_axes.set_title("next-token accuracy (teacher forcing)")
+    return canvas.save(figure, path)
+
+
+def plot_validation_curve(path, runs):
+    """Draws validation BLEU against training time, one line per run, from
+    the `validation_curve.csv` that a recipe's `--validation-curve` writes
+    (one row per checkpoint: step, training_seconds, bleu, bleu_lowercase).
+
+    Lower-cased BLEU is drawn solid, cased BLEU dashed, against the training
+    minutes up to each checkpoint (compilation and validation passes
+    included; evaluation after training is not).
+
+    Args:
+        path: PNG file to write; parent folders are created.
+        runs: {label: run directory (or validation_curve.csv path)}.
+
+    Returns:
+        `path`.
+
+    Example:
+
+    >>> plot_validation_curve("val.png", {"de-en": "runs/multi30k-de-en"})
+    'val.png'
+    """
+    import csv
+
+    if not runs:
+        raise ValueError("runs is empty: pass {label: run directory}.")
+    figure = canvas.figure(figsize=(7.5, 4.5))
+    axes = figure.subplots()
+    for label, run in runs.items():
+        curve_path = run_dir.path(run, run_dir.VALIDATION_CURVE) if os.path.isdir(run) else run
+        if not os.path.exists(curve_path):
+            raise FileNotFoundError(
+                f"No validation curve at {curve_path!r}: train the run with a recipe's "
+                "--validation-curve, which writes RUN_DIR/validation_curve.csv.")
+        with open(curve_path) as f:
+            rows = [row for row in csv.DictReader(f) if row.get("training_seconds")]
+        if not rows:
+            raise ValueError(f"{curve_path!r} has no row with a training time.")
+        minutes = [float(row["training_seconds"]) / 60 for row in rows]
+        line, = axes.plot(minutes, [float(row["bleu_lowercase"]) for row in rows], "o-",
+                          markersize=3, label=f"{label} lower-cased")
+        axes.plot(minutes, [float(row["bleu"]) for row in rows], "--", color=line.get_color(),
+                  label=f"{label} cased")
+    axes.set_xlabel("training time (minutes)")
+    axes.set_ylabel("validation BLEU")
+    axes.set_title("validation BLEU of each checkpoint")
+    axes.grid(alpha=0.3)
+    axes.legend()
     return canvas.save(figure, path)
 
 

@@ -121,7 +121,9 @@ def build_parser(name, description, defaults):
                             help="before the test split, translate the validation split with "
                                  "each of these length penalties (the averaged model's, else "
                                  "the final one's) and use the one of highest lower-cased BLEU "
-                                 "instead of --alpha; the test split plays no part")
+                                 "instead of --alpha; the test split plays no part. Added to "
+                                 "the command of a finished run, it tunes and scores the test "
+                                 "split again")
     evaluation.add_argument("--eval-limit", type=int,
                             help="evaluate on only the first N distinct test sentences")
     evaluation.add_argument("--validation-curve", action="store_true",
@@ -381,14 +383,22 @@ def run(args, splits, name):
         print(f"Averaged the last {len(checkpoints[-args.keep_checkpoints:])} checkpoints "
               f"into {averaged_path}")
         finish("averaged")
-    if args.tune_alpha and "tuned" not in phases:
-        if not validation.sources:
-            raise ValueError("--tune-alpha: this corpus has no validation split.")
-        tuned = averaged_path if "averaged" in phases else model_path
-        finish("tuned", alpha_tuning=tune_alpha(args, run_dir.load_model(tuned), tuned,
-                                                source_tokenizer, target_tokenizer, validation))
-    if "tuned" in phases:
+    if args.tune_alpha:
+        tuning = results.get("alpha_tuning") or {}
+        if ("tuned" not in phases
+                or set(tuning.get("bleu_lowercase", ())) != {str(a) for a in args.tune_alpha}):
+            if not validation.sources:
+                raise ValueError("--tune-alpha: this corpus has no validation split.")
+            tuned = averaged_path if "averaged" in phases else model_path
+            finish("tuned", alpha_tuning=tune_alpha(
+                args, run_dir.load_model(tuned), tuned, source_tokenizer, target_tokenizer,
+                validation))
         args.alpha = results["alpha_tuning"]["alpha"]
+        # A finished run given --tune-alpha afterwards: test scores of another α go.
+        for phase, figures in (("evaluated", results),
+                               ("evaluated_averaged", results.get("averaged", {}))):
+            if phase in phases and figures.get("alpha") != args.alpha:
+                phases.remove(phase)
     if test.sources:
         if "evaluated" not in phases:
             finish("evaluated", **evaluate_test(args, model, source_tokenizer,

@@ -110,14 +110,15 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
 @once
 def test_validation_curve_and_alpha_tuning_use_the_validation_split(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
-    results = quickstart.main([
+    arguments = [
         "--run-dir", run_dir, "--steps", "6", "--checkpoint-every", "2",
         "--keep-checkpoints", "2", "--train-pairs", "200", "--test-pairs", "6",
-        "--vocab-size", "320", *TINY_MODEL, "--no-export",
-        "--validation-curve", "--tune-alpha", "0,1.5",
-    ])
-    assert results["phases"] == ["training", "saved", "averaged", "tuned", "evaluated",
+        "--vocab-size", "320", *TINY_MODEL, "--no-export", "--validation-curve",
+    ]
+    results = quickstart.main(arguments)
+    assert results["phases"] == ["training", "saved", "averaged", "evaluated",
                                  "evaluated_averaged", "validation_curve"]
+    assert results["alpha"] == results["averaged"]["alpha"] == 0.6
     # Every checkpoint is kept for the curve; the last two are averaged.
     assert [os.path.basename(p) for p in sorted(
         os.listdir(os.path.join(run_dir, "checkpoints")))] == [
@@ -134,7 +135,11 @@ def test_validation_curve_and_alpha_tuning_use_the_validation_split(tmp_path, ca
         [sum(seconds[:1]), sum(seconds[:2]), sum(seconds)], abs=0.2)
     assert [row["bleu_lowercase"] for row in results["validation_curve"]] == [
         float(row["bleu_lowercase"]) for row in curve]
-    # The tuned alpha is the one of highest validation BLEU, and the test split uses it.
+    # The same command with --tune-alpha tunes on the validation split, and scores the
+    # test split again with the alpha of highest validation BLEU.
+    results = quickstart.main([*arguments, "--tune-alpha", "0,1.5"])
+    assert results["phases"] == ["training", "saved", "averaged", "validation_curve", "tuned",
+                                 "evaluated", "evaluated_averaged"]
     tuning = results["alpha_tuning"]
     assert tuning["model"] == os.path.join(run_dir, "model_averaged.keras")
     assert set(tuning["bleu_lowercase"]) == {"0.0", "1.5"}

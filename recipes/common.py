@@ -192,8 +192,8 @@ def model_config(args, vocab_size, target_vocab_size=None):
     overrides = {
         field: getattr(args, field)
         for field in ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
-                      "attention_dropout_rate", "activation_dropout_rate", "label_smoothing", "warmup_steps", "position_encoding", "norm_position",
-                      "max_length")
+                      "attention_dropout_rate", "activation_dropout_rate", "label_smoothing",
+                      "warmup_steps", "position_encoding", "norm_position", "max_length")
         if getattr(args, field, None) is not None
     }
     if target_vocab_size is not None:
@@ -348,15 +348,20 @@ def run(args, splits, name):
         os.remove(stale)  # the temporary file of a save that a kill cut short
     model_path = run_dir.path(args.run_dir, run_dir.MODEL)
     if "saved" not in phases:
+        # fit_steps trains whole windows: the cooldown ends with the last one.
+        every = min(args.checkpoint_every, total_steps)
+        trained_steps = -(-total_steps // every) * every
+        if args.cooldown_steps > trained_steps:
+            raise ValueError(f"--cooldown-steps {args.cooldown_steps} is more than the "
+                             f"{trained_steps} steps of the run.")
         with distributed.scope():
             model = kt.Transformer(config)
-            compile_model(model, config, args.lr_scale, total_steps, args.cooldown_steps)
+            compile_model(model, config, args.lr_scale, trained_steps, args.cooldown_steps)
         print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
               f"{json.dumps(dataclasses.asdict(config))}")
         start = time.time()
         # Resumes from the backup: after a kill, or with nothing left to train
         # when only the final save was missing.
-        every = min(args.checkpoint_every, total_steps)
         history = fit_steps(model, train_dataset, args.run_dir, total_steps,
                             checkpoint_every=every, validation_dataset=validation_dataset,
                             keep_checkpoints=None if args.validation_curve
@@ -465,8 +470,7 @@ def validation_curve(args, checkpoints, source_tokenizer, target_tokenizer, vali
     from keras_transformer.inference import Translator
     from keras_transformer.training.fit import CHECKPOINT_PATTERN
 
-    elapsed = training_seconds_by_step(run_dir.path(args.run_dir, run_dir.TRAINING_LOG),
-                                       args.checkpoint_every)
+    elapsed = training_seconds_by_step(run_dir.path(args.run_dir, run_dir.TRAINING_LOG))
     sources, references = group_references(validation.sources, validation.targets)
     limit = args.eval_limit or len(sources)
     sources, references = sources[:limit], references[:limit]
@@ -495,20 +499,20 @@ def validation_curve(args, checkpoints, source_tokenizer, target_tokenizer, vali
     return rows
 
 
-def training_seconds_by_step(log_path, steps_per_window):
+def training_seconds_by_step(log_path):
     """{step at the end of a window: training seconds up to it} from a
-    recipe's training_log.csv (its `epoch` column counts windows, its
-    `seconds` column times them; logs from before that column give {})."""
+    recipe's training_log.csv (`fit.WindowClock`'s `step` and `seconds`
+    columns; logs from before those columns give {})."""
     import csv
 
     if not os.path.exists(log_path):
         return {}
     with open(log_path) as f:
-        rows = [row for row in csv.DictReader(f) if row.get("seconds")]
+        rows = [row for row in csv.DictReader(f) if row.get("seconds") and row.get("step")]
     total, elapsed = 0.0, {}
-    for row in sorted(rows, key=lambda row: int(row["epoch"])):
+    for row in sorted(rows, key=lambda row: float(row["step"])):
         total += float(row["seconds"])
-        elapsed[(int(row["epoch"]) + 1) * steps_per_window] = round(total, 1)
+        elapsed[int(float(row["step"]))] = round(total, 1)
     return elapsed
 
 

@@ -277,11 +277,24 @@ def test_recipe_user_errors_print_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_bad_option_values_are_rejected(capsys):
+@pytest.mark.parametrize("arguments, message", [
+    (["--steps", "0"], "--steps must be positive"),
+    (["--cooldown-steps", "-1"], "--cooldown-steps must be 0 or positive"),
+    (["--tune-alpha", "0.6,x"], "must be comma-separated non-negative numbers"),
+])
+def test_bad_option_values_are_rejected(arguments, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        quickstart.main(["--steps", "0"])
+        quickstart.main(arguments)
     assert exit_info.value.code == 2
-    assert "--steps must be positive" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_a_cooldown_longer_than_the_run_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--cooldown-steps 10 is more than the 4 steps"):
+        quickstart.main(["--run-dir", str(tmp_path / "run"), "--steps", "4",
+                         "--checkpoint-every", "2", "--cooldown-steps", "10",
+                         "--train-pairs", "50", "--test-pairs", "2", "--vocab-size", "320",
+                         *TINY_MODEL])
 
 
 @once

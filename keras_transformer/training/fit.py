@@ -214,8 +214,8 @@ class RunBackup(keras.callbacks.BackupAndRestore):
 
 
 class WindowClock(keras.callbacks.Callback):
-    """Adds wall-clock figures to every window's logs (before `CSVLogger`
-    writes them):
+    """Adds the optimizer `step` at the window's end and wall-clock figures
+    to every window's logs (before `CSVLogger` writes them):
 
     - `seconds`: the window, from its first step to the end of its
       validation pass;
@@ -261,6 +261,7 @@ class WindowClock(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is None or self._window is None:
             return
+        logs["step"] = optimizer_step(self.model)
         logs["seconds"] = time.monotonic() - self._window
         logs["validation_seconds"] = self._validation_seconds
         logs["compile_seconds"] = stall_seconds(self._durations, self.slow_factor)

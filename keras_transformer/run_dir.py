@@ -195,7 +195,13 @@ def read_json(json_path, default=None):
 
 def write_json(json_path, data):
     """Writes `data` as indented JSON, atomically."""
-    partial = f"{json_path}.partial-{os.getpid()}"
-    with open(partial, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(partial, json_path)
+    write_text(json_path, json.dumps(data, indent=2))
+
+
+def write_text(text_path, text):
+    """Writes `text` to `text_path` atomically: a temporary file beside it,
+    then a rename."""
+    partial = f"{text_path}.partial-{os.getpid()}"
+    with open(partial, "w", newline="") as f:
+        f.write(text)
+    os.replace(partial, text_path)

@@ -431,16 +431,24 @@ def run(args, splits, name):
     return results
 
 
+def scored_pairs(args, corpus):
+    """The distinct sources of a split with their references
+    (`group_references`), the first --eval-limit of them."""
+    from keras_transformer.evaluation import group_references
+
+    sources, references = group_references(corpus.sources, corpus.targets)
+    limit = args.eval_limit or len(sources)
+    return sources[:limit], references[:limit]
+
+
 def tune_alpha(args, model, model_path, source_tokenizer, target_tokenizer, validation):
     """Translates the validation split with beam search (--beam-size) once per
     α of --tune-alpha and returns {"alpha": the α of highest lower-cased BLEU
     (the first on a tie), "model": model_path, "bleu_lowercase": {α: BLEU}}."""
-    from keras_transformer.evaluation import evaluate, group_references
+    from keras_transformer.evaluation import evaluate
     from keras_transformer.inference import Translator
 
-    sources, references = group_references(validation.sources, validation.targets)
-    limit = args.eval_limit or len(sources)
-    sources, references = sources[:limit], references[:limit]
+    sources, references = scored_pairs(args, validation)
     translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
     scores = {}
     for alpha in args.tune_alpha:
@@ -464,16 +472,15 @@ def validation_curve(args, checkpoints, source_tokenizer, target_tokenizer, vali
     Returns the rows as dicts.
     """
     import csv
+    import io
 
     from keras_transformer import run_dir
-    from keras_transformer.evaluation import evaluate, group_references
+    from keras_transformer.evaluation import evaluate
     from keras_transformer.inference import Translator
     from keras_transformer.training.fit import CHECKPOINT_PATTERN
 
     elapsed = training_seconds_by_step(run_dir.path(args.run_dir, run_dir.TRAINING_LOG))
-    sources, references = group_references(validation.sources, validation.targets)
-    limit = args.eval_limit or len(sources)
-    sources, references = sources[:limit], references[:limit]
+    sources, references = scored_pairs(args, validation)
     rows = []
     for index, path in enumerate(checkpoints, 1):
         step = int(CHECKPOINT_PATTERN.search(path).group(1))
@@ -487,14 +494,13 @@ def validation_curve(args, checkpoints, source_tokenizer, target_tokenizer, vali
         print(f"Validation curve {index}/{len(checkpoints)}: step {step}, BLEU "
               f"{result.bleu:.2f}, lower-cased {result.bleu_lowercase:.2f} "
               f"({len(sources)} sentences in {result.seconds:.0f} s)", flush=True)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["step", "training_seconds", "bleu",
+                                              "bleu_lowercase"])
+    writer.writeheader()
+    writer.writerows(rows)
     path = run_dir.path(args.run_dir, run_dir.VALIDATION_CURVE)
-    partial = path + ".partial"
-    with open(partial, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["step", "training_seconds", "bleu",
-                                               "bleu_lowercase"])
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(partial, path)
+    run_dir.write_text(path, text.getvalue())
     print(f"Wrote {path}")
     return rows
 
@@ -524,12 +530,10 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="t
     `per_pair` then also gives BLEU with each line's hypothesis scored against
     that line's reference alone.
     """
-    from keras_transformer.evaluation import bleu_scores, evaluate, group_references
+    from keras_transformer.evaluation import bleu_scores, evaluate
     from keras_transformer.inference import Translator
 
-    sources, references = group_references(test.sources, test.targets)
-    limit = args.eval_limit or len(sources)
-    sources, references = sources[:limit], references[:limit]
+    sources, references = scored_pairs(args, test)
     translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
     result = evaluate(
         translator, sources, references,

@@ -210,7 +210,8 @@ def _export(args):
         given = [flag for flag, value in (
             ("--version", args.version), ("--max-output-length", args.max_output_length),
             ("--max-source-length", args.max_source_length),
-            ("--batch-sizes", args.batch_sizes), ("--lengths", args.lengths)) if value is not None]
+            ("--batch-sizes", args.batch_sizes), ("--lengths", args.lengths),
+            ("--n-best", args.n_best)) if value is not None]
         if given:
             verb = "applies" if len(given) == 1 else "apply"
             raise ValueError(
@@ -235,7 +236,7 @@ def _export(args):
                        beam_size=args.beam_size, alpha=args.alpha,
                        max_output_length=args.max_output_length,
                        max_source_length=args.max_source_length, batch_sizes=args.batch_sizes,
-                       lengths=args.lengths, verbose=not args.quiet)
+                       lengths=args.lengths, n_best=args.n_best, verbose=not args.quiet)
 
 
 def _serve(args):
@@ -466,6 +467,9 @@ def build_parser():
     export.add_argument("--lengths", type=_positive_ints,
                         help="source widths compiled, ascending (default: 16,32,48,64, then "
                              "about 1.5x apart up to --max-source-length)")
+    export.add_argument("--n-best", type=_positive_int, metavar="N",
+                        help="also write the translate_n_best signature: the N best "
+                             "hypotheses of the beam per sentence, 2 <= N <= --beam-size")
     export.add_argument("--quiet", action="store_true", help="print nothing on success")
     export.set_defaults(run=_export)
 

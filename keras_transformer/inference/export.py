@@ -14,6 +14,13 @@ into a SavedModel version (`saved_models/NAME/VERSION/`, see
   (batch, L) int32 (up to and including EOS, then padding), `scores`
   (batch,) float32 log P(Y | X) / lp(Y) and `truncated` (batch,) bool.
 
+With `n_best=N` (`keras-transformer export --n-best N`, 2 <= N <= beam size) a
+third signature returns each sentence's N best hypotheses of the beam:
+
+* `translate_n_best`: `inputs` (batch,) tf.string → `translations`
+  (batch, N) tf.string, best first, `scores` (batch, N) float32 (as in
+  `translate_ids`) and `truncated` (batch,) bool.
+
 Every answer has one result per input. A sentence longer than the export's
 longest input (`ServingShapes.max_source_length`, ids + EOS) is cut to it
 (its first tokens, then EOS), translated, and flagged in `truncated`; it never
@@ -23,9 +30,12 @@ fails the other sentences of its batch. An empty sentence translates to ""
 The graph runs the same search as the Python path (`traced_search`) and the
 tokenizer's own `detokenize_tf`. It pads every batch to one of the export's
 `ServingShapes` (a few batch sizes × a few widths), so XLA compiles a bounded
-set of shapes, and writes TensorFlow Serving's warm-up file with one request
-per shape (`keras_transformer.inference.warmup`). Beam size, α and the output
-length limit are fixed at export.
+set of shapes. The search is traced once per width, so that its output buffer
+(width + 50 unless `max_output_length` is given) has a known size and the loop
+grows its cache in phases (`search.cache_phases`) as the Python path does. It
+writes TensorFlow Serving's warm-up file with one request
+per shape and signature (`keras_transformer.inference.warmup`). Beam size, α,
+the output length limit and N are fixed at export.
 
 Only the TensorFlow backend can write a SavedModel (the torch backend needs
 torch_xla for it). Under JAX or PyTorch the export runs in a TensorFlow-backend
@@ -47,7 +57,7 @@ from keras_transformer.inference.shapes import ServingShapes
 
 def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
                        max_output_length=None, max_source_length=None, batch_sizes=None,
-                       lengths=None, verbose=True):
+                       lengths=None, n_best=None, verbose=True):
     """Exports a trained model with its tokenizer to `export_base/VERSION/`.
 
     Args:
@@ -69,6 +79,8 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
             1, 2, 4, ..., 64.
         lengths: The source widths compiled, default steps of 16 up to 64,
             then about 1.5× apart, up to `max_source_length`.
+        n_best: None, or N from 2 to `beam_size`: also export the
+            `translate_n_best` signature (the N best hypotheses per sentence).
         verbose: Whether to show the export's progress and print where the
             SavedModel went.
 
@@ -78,11 +90,12 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
     import keras
 
     check_search_options(beam_size, alpha, max_output_length)
+    check_n_best(n_best, beam_size)
     model_path = run_dir.resolve_model_path(model)
     version = saved_model.next_version(export_base, version)
     options = dict(beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
                    max_source_length=max_source_length, batch_sizes=batch_sizes,
-                   lengths=lengths)
+                   lengths=lengths, n_best=n_best)
     if keras.backend.backend() != "tensorflow":
         # The TensorFlow-backend process shows the progress and the summary.
         return _export_in_subprocess(model_path, export_base, version, verbose=verbose,
@@ -92,7 +105,8 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
                         verbose=verbose, **options)
     if verbose:
         shapes = ServingShapes.from_dict(saved_model.read_metadata(path)["shapes"])
-        print(f"Exported {model_path} to {path} (signatures serving_default, translate_ids; "
+        print(f"Exported {model_path} to {path} (signatures "
+              f"{', '.join(saved_model.read_metadata(path)['signatures'])}; "
               f"{len(shapes.shapes())} compiled shapes: batch sizes "
               f"{', '.join(map(str, shapes.batch_sizes))} × source widths "
               f"{', '.join(map(str, shapes.lengths))})")
@@ -101,7 +115,7 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
 
 def export_model(model, source_tokenizer, target_tokenizer, export_base, version=None,
                  beam_size=4, alpha=0.6, max_output_length=None, max_source_length=None,
-                 batch_sizes=None, lengths=None, verbose=False):
+                 batch_sizes=None, lengths=None, n_best=None, verbose=False):
     """Exports an in-memory `Transformer` and its tokenizers (any backend).
 
     Under the TensorFlow backend the model is traced directly; under JAX or
@@ -114,6 +128,7 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
 
     check_model(model)
     check_search_options(beam_size, alpha, max_output_length)
+    check_n_best(n_best, beam_size)
     shapes = ServingShapes.for_model(model.config, max_source_length, batch_sizes, lengths)
     version = saved_model.next_version(export_base, version)
     if keras.backend.backend() != "tensorflow":
@@ -124,32 +139,42 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
             return _export_in_subprocess(
                 model_path, export_base, version, beam_size=beam_size, alpha=alpha,
                 max_output_length=max_output_length, max_source_length=max_source_length,
-                batch_sizes=shapes.batch_sizes, lengths=shapes.lengths, verbose=verbose)
+                batch_sizes=shapes.batch_sizes, lengths=shapes.lengths, n_best=n_best,
+                verbose=verbose)
 
     import tensorflow as tf
 
-    # Phases: trace the two signatures, save the SavedModel, write the warm-up
+    # Phases: trace the signatures, save the SavedModel, write the warm-up
     # requests and the metadata.
     progress = keras.utils.Progbar(3, unit_name="phase") if verbose else None
-    module = _translation_module(model, source_tokenizer, target_tokenizer, shapes, beam_size,
-                                 alpha, max_output_length)
+    module, signatures = _translation_module(model, source_tokenizer, target_tokenizer, shapes,
+                                             beam_size, alpha, max_output_length, n_best)
     _advance(progress)
     metadata = _metadata(model.config, source_tokenizer, target_tokenizer, shapes, beam_size,
-                         alpha, max_output_length)
+                         alpha, max_output_length, n_best)
     with saved_model.write_version(export_base, version) as partial:
-        tf.saved_model.save(
-            module, partial,
-            signatures={"serving_default": module.translate, "translate_ids": module.translate_ids},
-        )
+        tf.saved_model.save(module, partial, signatures=signatures)
         _advance(progress)
-        token_id = _ordinary_id(source_tokenizer)
+        word = source_tokenizer.detokenize([[_ordinary_id(source_tokenizer)]])[0] or "a"
         warmup.write_warmup_requests(
-            partial, shapes, source_tokenizer.eos_id,
-            source_tokenizer.detokenize([[token_id]])[0] or "a",
-            model_name=os.path.basename(os.path.normpath(export_base)))
+            partial, shapes, source_tokenizer.eos_id, word,
+            model_name=os.path.basename(os.path.normpath(export_base)),
+            n_best_sentences=None if n_best is None else warmup.sentences_for_widths(
+                source_tokenizer, shapes.lengths, word))
         saved_model.write_metadata(partial, metadata)
         _advance(progress)
     return os.path.join(export_base, str(version))
+
+
+def check_n_best(n_best, beam_size):
+    """Raises ValueError unless `n_best` is None or an int from 2 to `beam_size`."""
+    if n_best is None:
+        return
+    if isinstance(n_best, bool) or not isinstance(n_best, int) or n_best < 2:
+        raise ValueError(f"n_best must be an integer >= 2 (1 is serving_default), got {n_best!r}.")
+    if n_best > beam_size:
+        raise ValueError(f"n_best {n_best} is more than the beam size {beam_size}: the beam "
+                         "holds only beam_size hypotheses.")
 
 
 def _advance(progress):
@@ -166,12 +191,12 @@ def _ordinary_id(tokenizer):
 
 def _export_in_subprocess(model_path, export_base, version, beam_size, alpha,
                           max_output_length, max_source_length, batch_sizes, lengths,
-                          verbose=False):
+                          n_best=None, verbose=False):
     command = [sys.executable, "-m", "keras_transformer.cli", "export", model_path,
                export_base, "--version", str(version), "--beam-size", str(beam_size),
                "--alpha", str(alpha)] + ([] if verbose else ["--quiet"])
     for flag, value in (("--max-output-length", max_output_length),
-                        ("--max-source-length", max_source_length)):
+                        ("--max-source-length", max_source_length), ("--n-best", n_best)):
         if value is not None:
             command += [flag, str(value)]
     for flag, values in (("--batch-sizes", batch_sizes), ("--lengths", lengths)):
@@ -190,9 +215,10 @@ def _export_in_subprocess(model_path, export_base, version, beam_size, alpha,
 
 
 def _translation_module(model, source_tokenizer, target_tokenizer, shapes, beam_size, alpha,
-                        max_output_length):
-    """The tf.Module that is saved: the model's variables, the tokenizers'
-    tf-text resources and the two signature functions."""
+                        max_output_length, n_best=None):
+    """`(module, signatures)`: the tf.Module that is saved (the model's
+    variables, the tokenizers' tf-text resources and the signature functions)
+    and {signature name: its function}."""
     import tensorflow as tf
 
     # keras-hub creates its tf-text ops lazily: create them now, outside
@@ -204,9 +230,16 @@ def _translation_module(model, source_tokenizer, target_tokenizer, shapes, beam_
 
     search = _search_function(model, target_tokenizer, shapes, beam_size, alpha,
                               max_output_length)
-    translate_ids = _ids_signature(model.config, source_tokenizer, shapes, search)
-    translate = _text_signature(model.config, source_tokenizer, target_tokenizer, shapes,
-                                search)
+    signatures = {
+        "serving_default": _text_signature(model.config, source_tokenizer, target_tokenizer,
+                                           shapes, search),
+        "translate_ids": _ids_signature(model.config, source_tokenizer, shapes, search),
+    }
+    if n_best is not None:
+        signatures["translate_n_best"] = _text_signature(
+            model.config, source_tokenizer, target_tokenizer, shapes,
+            _search_function(model, target_tokenizer, shapes, beam_size, alpha,
+                             max_output_length, num_return=n_best))
 
     module = tf.Module(name="keras_transformer_translation")
     module.model = model
@@ -215,23 +248,27 @@ def _translation_module(model, source_tokenizer, target_tokenizer, shapes, beam_
     # Serving, `saved_model_cli run`) find a variable only if the object graph
     # holds it itself, not the Keras variable that wraps it.
     captured = {}
-    for function in (translate, translate_ids):
+    for function in signatures.values():
         for variable in function.get_concrete_function().variables:
             captured[id(variable)] = variable
     module.captured_variables = list(captured.values())
     module.source_tokenizer = source_tokenizer.layer
     module.target_tokenizer = target_tokenizer.layer
-    module.translate = translate
-    module.translate_ids = translate_ids
-    return module
+    module.translate = signatures["serving_default"]
+    module.translate_ids = signatures["translate_ids"]
+    if n_best is not None:
+        module.translate_n_best = signatures["translate_n_best"]
+    return module, signatures
 
 
-def _search_function(model, target_tokenizer, shapes, beam_size, alpha, max_output_length):
+def _search_function(model, target_tokenizer, shapes, beam_size, alpha, max_output_length,
+                     num_return=1):
     """The bucketed search: `search(source_ids, lengths)` with (batch, S)
     encoder inputs no longer than `shapes.max_source_length` and (batch,)
     their lengths (0 for an empty row) → (ids (batch, L) trimmed to the
-    longest hypothesis, scores (batch,)). Empty rows give no ids and score 0;
-    an empty batch gives empty results."""
+    longest hypothesis, scores (batch,)); with `num_return` N > 1, the N
+    best hypotheses of each row: ids (batch, N, L) and scores (batch, N).
+    Empty rows give no ids and score 0; an empty batch gives empty results."""
     import tensorflow as tf
 
     pad_id = model.config.pad_id
@@ -239,12 +276,25 @@ def _search_function(model, target_tokenizer, shapes, beam_size, alpha, max_outp
     special_ids = tf.constant([target_tokenizer.bos_id, eos_id], tf.int32)
     alpha = tf.constant(alpha, tf.float32)
 
-    # XLA compiles this once per (chunk, width) pair of `shapes`.
-    @tf.function(jit_compile=True, reduce_retracing=True)
-    def compiled(source_ids):
-        ids, scores = traced_search(model, source_ids, special_ids, alpha, int(beam_size),
-                                    max_output_length)
-        return ids, tf.cast(scores, tf.float32)
+    def compiled_for(width):
+        """The search traced for sources of exactly `width` positions: with
+        the width known, the output buffer is too (width + 50, §6.1), and the
+        loop runs in the cache phases of `cache_phases`. XLA compiles it once
+        per chunk size of `shapes`. It returns (chunk, N, L) ids and
+        (chunk, N) scores for every N."""
+
+        @tf.function(jit_compile=True,
+                     input_signature=[tf.TensorSpec([None, width], tf.int32)])
+        def compiled(source_ids):
+            ids, scores = traced_search(model, source_ids, special_ids, alpha, int(beam_size),
+                                        max_output_length, num_return=num_return)
+            if num_return == 1:
+                ids, scores = ids[:, None], scores[:, None]
+            return ids, tf.cast(scores, tf.float32)
+
+        return compiled
+
+    compiled_by_width = [compiled_for(width) for width in shapes.lengths]
 
     def run(source_ids, lengths):
         count = tf.shape(source_ids)[0]
@@ -257,23 +307,40 @@ def _search_function(model, target_tokenizer, shapes, beam_size, alpha, max_outp
                        constant_values=pad_id)[:, :width]
         dense = tf.where((lengths > 0)[:, None], dense, filler[None, :])
         dense = tf.concat([dense, tf.tile(filler[None, :], [chunks * chunk - count, 1])], axis=0)
-        ids, scores = tf.map_fn(
-            compiled, tf.reshape(dense, [chunks, chunk, width]), parallel_iterations=1,
-            fn_output_signature=(tf.TensorSpec([None, None], tf.int32),
-                                 tf.TensorSpec([None], tf.float32)))
-        ids = tf.reshape(ids, [chunks * chunk, -1])[:count]
-        scores = tf.reshape(scores, [chunks * chunk])[:count]
-        ids = tf.where((lengths > 0)[:, None], ids, pad_id)
-        scores = tf.where(lengths > 0, scores, 0.0)
-        longest = tf.reduce_max(tf.reduce_sum(tf.cast(ids != pad_id, tf.int32), axis=1))
-        return ids[:, :longest], scores
+
+        def branch(index):
+            def decode():
+                ids, scores = tf.map_fn(
+                    compiled_by_width[index],
+                    tf.reshape(dense, [chunks, chunk, shapes.lengths[index]]),
+                    parallel_iterations=1,
+                    fn_output_signature=(tf.TensorSpec([None, num_return, None], tf.int32),
+                                         tf.TensorSpec([None, num_return], tf.float32)))
+                return tf.reshape(ids, [chunks * chunk, num_return, -1]), scores
+
+            return decode
+
+        # The index of `width` among the compiled widths.
+        index = tf.reduce_sum(tf.cast(tf.constant(shapes.lengths, tf.int32) < width, tf.int32))
+        ids, scores = tf.switch_case(index, [branch(i) for i in range(len(shapes.lengths))])
+        ids = ids[:count]
+        scores = tf.reshape(scores, [chunks * chunk, num_return])[:count]
+        ids = tf.where((lengths > 0)[:, None, None], ids, pad_id)
+        scores = tf.where((lengths > 0)[:, None], scores, 0.0)
+        longest = tf.reduce_max(tf.reduce_sum(tf.cast(ids != pad_id, tf.int32), axis=2))
+        return ids[:, :, :longest], scores
 
     def search(source_ids, lengths):
         def empty():
-            return tf.zeros([0, 0], tf.int32), tf.zeros([0], tf.float32)
+            return tf.zeros([0, num_return, 0], tf.int32), tf.zeros([0, num_return], tf.float32)
 
-        return tf.cond(tf.shape(source_ids)[0] > 0, lambda: run(source_ids, lengths), empty)
+        ids, scores = tf.cond(tf.shape(source_ids)[0] > 0, lambda: run(source_ids, lengths),
+                              empty)
+        if num_return == 1:
+            return ids[:, 0], scores[:, 0]
+        return ids, scores
 
+    search.num_return = num_return
     return search
 
 
@@ -302,10 +369,13 @@ def _ids_signature(config, source_tokenizer, shapes, search):
 
 
 def _text_signature(config, source_tokenizer, target_tokenizer, shapes, search):
+    """`serving_default` (one translation per sentence) or, for a search of
+    N > 1 hypotheses, `translate_n_best` ((batch, N) translations and scores)."""
     import tensorflow as tf
 
     pad_id, limit = config.pad_id, shapes.max_source_length
     source_eos_id, target_eos_id = source_tokenizer.eos_id, target_tokenizer.eos_id
+    num_return = search.num_return
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
     def translate(inputs):
@@ -317,18 +387,24 @@ def _text_signature(config, source_tokenizer, target_tokenizer, shapes, search):
         eos = tf.fill([tf.shape(inputs)[0], 1], source_eos_id)
         sources = tf.concat([tokens, tf.RaggedTensor.from_tensor(eos)], axis=1)
         lengths = tf.where(counts > 0, tf.minimum(counts + 1, limit), 0)
-        ids, _ = search(sources.to_tensor(default_value=pad_id), lengths)
+        ids, scores = search(sources.to_tensor(default_value=pad_id), lengths)
+        if num_return > 1:  # detokenize the (batch × N) hypotheses as rows
+            ids = tf.reshape(ids, [-1, tf.shape(ids)[2]])
         keep = tf.logical_and(ids != pad_id, ids != target_eos_id)
         texts = target_tokenizer.detokenize_tf(tf.ragged.boolean_mask(ids, keep))
-        # An empty sentence translates to "", as in Translator.
-        return {"translations": tf.where(counts > 0, texts, ""), "truncated": truncated}
+        if num_return == 1:
+            # An empty sentence translates to "", as in Translator.
+            return {"translations": tf.where(counts > 0, texts, ""), "truncated": truncated}
+        texts = tf.reshape(texts, [-1, num_return])
+        return {"translations": tf.where((counts > 0)[:, None], texts, ""), "scores": scores,
+                "truncated": truncated}
 
     return translate
 
 
 def _metadata(config, source_tokenizer, target_tokenizer, shapes, beam_size, alpha,
-              max_output_length):
-    return {
+              max_output_length, n_best=None):
+    metadata = {
         "config": config.to_dict(),
         "beam_size": int(beam_size),
         "alpha": float(alpha),
@@ -348,3 +424,9 @@ def _metadata(config, source_tokenizer, target_tokenizer, shapes, beam_size, alp
                              "truncated: (batch,) bool",
         },
     }
+    if n_best is not None:
+        metadata["n_best"] = int(n_best)
+        metadata["signatures"]["translate_n_best"] = (
+            f"inputs: (batch,) string -> translations: (batch, {n_best}) string, best first, "
+            f"scores: (batch, {n_best}) float32, truncated: (batch,) bool")
+    return metadata

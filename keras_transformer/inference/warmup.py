@@ -7,7 +7,9 @@ file of `PredictionLog` protos) when it loads the version, before it reports
 it AVAILABLE, so no client ever waits for a compilation. `write_warmup_requests`
 writes one `translate_ids` request per compiled shape, then one
 `serving_default` request (its tokenizer ops start up on the first call),
-with the protos of `tensorflow-serving-api`; the built-in server replays the
+and, for an export with `translate_n_best` (whose N-best search compiles
+apart), one request of that signature per shape, with sentences whose token
+count falls in each width (`sentences_for_widths`), with the protos of `tensorflow-serving-api`; the built-in server replays the
 same file with `replay_warmup_requests`.
 """
 
@@ -36,10 +38,33 @@ def warmup_inputs(batch_size, width, eos_id):
     return np.full((batch_size, width), eos_id, "int32")
 
 
-def write_warmup_requests(version_path, shapes, eos_id, sentence, model_name=""):
+def sentences_for_widths(tokenizer, widths, word):
+    """{width: sentence} for each compiled source width: `word` repeated so
+    that the sentence's ids + EOS are more than the next smaller width and at
+    most this one, so the text signature runs it at exactly this width. A
+    width no repetition reaches is left out (its shapes then compile on first
+    use)."""
+    sentences, lower = {}, 0
+    for width in sorted(widths):
+        for copies in range(width - 1, 0, -1):
+            sentence = " ".join([word] * copies)
+            count = len(tokenizer.tokenize([sentence])[0])
+            if lower < count + 1 <= width:
+                sentences[width] = sentence
+                break
+            if count + 1 <= lower:
+                break
+        lower = width
+    return sentences
+
+
+def write_warmup_requests(version_path, shapes, eos_id, sentence, model_name="",
+                          n_best_sentences=None):
     """Writes one `translate_ids` predict request per shape of `shapes` (a
     `ServingShapes`) and one `serving_default` request with `sentence` to
-    `version_path/WARMUP_PATH`; returns the file's path.
+    `version_path/WARMUP_PATH`, then, with `n_best_sentences`, one
+    `translate_n_best` request per shape whose width it holds; returns the
+    file's path.
 
     Args:
         version_path: The version folder being written.
@@ -47,19 +72,25 @@ def write_warmup_requests(version_path, shapes, eos_id, sentence, model_name="")
         eos_id: The source side's end-of-sentence id.
         sentence: A short source sentence for the text signature.
         model_name: The model name written in the requests' `model_spec`.
+        n_best_sentences: None, or {width: sentence} (`sentences_for_widths`)
+            for the `translate_n_best` signature.
     """
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     pairs = shapes.shapes()
-    if len(pairs) + 1 > MAX_WARMUP_RECORDS:
-        raise ValueError(f"{len(pairs)} compiled shapes: TensorFlow Serving replays at most "
-                         f"{MAX_WARMUP_RECORDS} warm-up records; use fewer batch sizes or lengths.")
-    path = os.path.join(version_path, WARMUP_PATH)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     requests = [("translate_ids", "source_ids", warmup_inputs(batch, width, eos_id))
                 for batch, width in pairs]
     requests.append(("serving_default", "inputs", np.asarray([sentence], dtype=object)))
+    requests += [("translate_n_best", "inputs",
+                  np.asarray([n_best_sentences[width]] * batch, dtype=object))
+                 for batch, width in pairs if width in (n_best_sentences or {})]
+    if len(requests) > MAX_WARMUP_RECORDS:
+        raise ValueError(f"{len(requests)} warm-up requests ({len(pairs)} compiled shapes): "
+                         f"TensorFlow Serving replays at most {MAX_WARMUP_RECORDS} warm-up "
+                         "records; use fewer batch sizes or lengths.")
+    path = os.path.join(version_path, WARMUP_PATH)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
         for signature, name, value in requests:
             request = predict_pb2.PredictRequest()

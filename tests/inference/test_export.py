@@ -243,6 +243,62 @@ def test_warmup_file_holds_one_request_per_compiled_shape(exported):
             assert (inputs["source_ids"] == 3).all()
 
 
+@tensorflow_pass
+def test_n_best_signature_returns_the_translators_n_best_lists(exported, reference_translator,
+                                                              tmp_path_factory):
+    import tensorflow as tf
+
+    from keras_transformer.inference.serving.servable import Servable, parse_predict_request
+    from keras_transformer.inference.warmup import read_warmup_requests
+
+    base = str(tmp_path_factory.mktemp("n_best") / "tiny")
+    path = export_saved_model(exported["run_dir"], base, n_best=3, verbose=False,
+                              batch_sizes=(1, 4), lengths=(16, 64))
+    assert read_metadata(path)["n_best"] == 3
+    loaded, _ = load_saved_model(path)
+    sentences = exported["sentences"]
+    out = loaded.signatures["translate_n_best"](inputs=tf.constant(sentences))
+    assert out["translations"].shape == (len(sentences), 3) and out["scores"].shape == (5, 3)
+    expected = reference_translator.translate(sentences, num_return=3)
+    served = [[t.decode("utf-8") for t in row] for row in out["translations"].numpy()]
+    assert served == [[text for text, _ in row] for row in expected]
+    np.testing.assert_allclose(out["scores"].numpy(),
+                               [[score for _, score in row] for row in expected],
+                               rtol=1e-4, atol=1e-4)
+    assert served[3] == ["", "", ""]  # the empty sentence
+    # The best of each list is what serving_default answers.
+    best = loaded.signatures["serving_default"](inputs=tf.constant(sentences))
+    assert [row[0] for row in served] == [t.decode("utf-8") for t in
+                                          best["translations"].numpy()]
+
+    # Warm-up: one n-best request per compiled shape, each at its own width.
+    requests = [inputs["inputs"] for signature, inputs in read_warmup_requests(path)
+                if signature == "translate_n_best"]
+    assert sorted(len(batch) for batch in requests) == [1, 1, 4, 4]
+    tokenizer = reference_translator.tokenizer
+    widths = sorted(len(tokenizer.tokenize([batch[0].decode("utf-8")])[0]) + 1
+                    for batch in requests)
+    assert 1 < widths[0] <= widths[1] <= 16 < widths[2] <= widths[3] <= 64
+
+    # The built-in server's servable answers it; a version without it says how to get one.
+    servable = Servable(path, max_instances=8, max_chars=1000)
+    request = parse_predict_request(
+        {"signature_name": "translate_n_best", "instances": sentences[:2]}, servable)
+    answer = servable.run(request.signature, request.instances)
+    assert [result["translations"] for result in answer] == served[:2]
+    plain = Servable(exported["beam"], max_instances=8, max_chars=1000)
+    with pytest.raises(ValueError, match="export it with `keras-transformer export --n-best N`"):
+        parse_predict_request({"signature_name": "translate_n_best", "instances": ["a"]}, plain)
+
+
+@tensorflow_pass
+@pytest.mark.parametrize("n_best, message", [
+    (1, "1 is serving_default"), (5, "more than the beam size 4"), (2.0, "integer")])
+def test_n_best_export_options_are_checked(exported, tmp_path, n_best, message):
+    with pytest.raises(ValueError, match=message):
+        export_saved_model(exported["run_dir"], str(tmp_path / "out"), n_best=n_best)
+
+
 def test_serving_shapes_are_checked():
     import keras_transformer as kt
     from keras_transformer.inference.shapes import ServingShapes

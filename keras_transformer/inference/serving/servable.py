@@ -1,8 +1,8 @@
 """A servable: one loaded version of an exported translation model (§6.1 search, served).
 
 `Servable` loads a version written by `keras_transformer.inference.export`,
-replays its warm-up requests, and runs its two signatures on lists of
-instances. `parse_predict_request` turns a TensorFlow Serving REST predict
+replays its warm-up requests, and runs its signatures (two, or three for an
+export with `--n-best`) on lists of instances. `parse_predict_request` turns a TensorFlow Serving REST predict
 body into a `PredictRequest`, checking every instance: a client's mistake
 raises `RequestError` (status 4xx) that names the instance, before anything
 reaches the model.
@@ -16,8 +16,12 @@ import os
 from keras_transformer.inference import saved_model, warmup
 from keras_transformer.inference.shapes import ServingShapes
 
+#: The signatures every export has.
 SIGNATURES = ("serving_default", "translate_ids")
-_INPUT_NAMES = {"serving_default": "inputs", "translate_ids": "source_ids"}
+#: The signature of an export with `--n-best N`: N translations per sentence.
+N_BEST_SIGNATURE = "translate_n_best"
+_INPUT_NAMES = {"serving_default": "inputs", "translate_ids": "source_ids",
+                N_BEST_SIGNATURE: "inputs"}
 
 
 class RequestError(ValueError):
@@ -45,7 +49,8 @@ def parse_predict_request(body, limits):
     Args:
         body: The parsed JSON value.
         limits: An object with `max_instances`, `max_chars` (characters of a
-            sentence, ids of an id list), `vocab_size`.
+            sentence, ids of an id list), `vocab_size`, and optionally
+            `signatures`, those it serves (default `SIGNATURES`).
 
     Returns:
         A `PredictRequest`.
@@ -56,9 +61,13 @@ def parse_predict_request(body, limits):
     if not isinstance(body, dict):
         raise RequestError('The request must be a JSON object such as {"instances": [...]}.')
     signature = body.get("signature_name", "serving_default")
-    if signature not in SIGNATURES:
+    served = getattr(limits, "signatures", SIGNATURES)
+    if signature == N_BEST_SIGNATURE and signature not in served:
+        raise RequestError(f"This model version has no {N_BEST_SIGNATURE} signature: export it "
+                           "with `keras-transformer export --n-best N` to serve n-best lists.")
+    if signature not in served:
         raise RequestError(f"Unknown signature_name {signature!r}: use one of "
-                           f"{', '.join(SIGNATURES)}.")
+                           f"{', '.join(served)}.")
     unknown = set(body) - {"instances", "inputs", "signature_name"}
     if unknown:
         raise RequestError(f"Unknown request field(s) {sorted(unknown)}: send \"instances\" "
@@ -80,7 +89,7 @@ def parse_predict_request(body, limits):
     if len(values) > limits.max_instances:
         raise RequestError(f"{len(values)} instances exceed this server's limit of "
                            f"{limits.max_instances} per request: send several requests.")
-    check = _sentence if signature == "serving_default" else _id_list
+    check = _id_list if signature == "translate_ids" else _sentence
     instances = [check(_unwrap(value, input_name, i), i, limits)
                  for i, value in enumerate(values)]
     return PredictRequest(signature, columnar, instances)
@@ -152,6 +161,8 @@ class Servable:
         if missing:
             raise ValueError(f"{version_path!r} lacks the signature(s) {', '.join(missing)}: "
                              "it was not written by keras-transformer export.")
+        self.signatures = SIGNATURES + tuple(
+            s for s in (N_BEST_SIGNATURE,) if s in self.loaded.signatures)
         self.version = int(os.path.basename(os.path.normpath(self.version_path)))
         self.metadata = saved_model.read_metadata(self.version_path)
         self.max_instances = max_instances
@@ -178,6 +189,13 @@ class Servable:
         import tensorflow as tf
 
         function = self.loaded.signatures[signature]
+        if signature == N_BEST_SIGNATURE:
+            outputs = function(inputs=tf.constant(instances, dtype=tf.string))
+            truncated = _truncated(outputs, len(instances))
+            return [{"translations": [text.decode("utf-8", errors="replace") for text in texts],
+                     "scores": [float(score) for score in scores], "truncated": flag}
+                    for texts, scores, flag in zip(outputs["translations"].numpy(),
+                                                   outputs["scores"].numpy(), truncated)]
         if signature == "serving_default":
             outputs = function(inputs=tf.constant(instances, dtype=tf.string))
             truncated = _truncated(outputs, len(instances))

@@ -110,9 +110,10 @@ def build_parser(name, description, defaults):
     model.add_argument("--norm-position", choices=("post", "pre"), help="LayerNorm placement")
     model.add_argument("--lr-scale", type=float, default=1.0,
                        help="constant factor on the Noam learning-rate schedule")
-    model.add_argument("--cooldown-steps", type=int, default=0,
-                       help="over the last N steps of --steps, lower the rate linearly "
-                            "towards 0 (not in the paper; 0: none)")
+    model.add_argument("--cooldown-steps", type=_cooldown, default=0, metavar="N|P%",
+                       help="over the last N steps of the run (or the last P percent of "
+                            "them), lower the rate linearly towards 0 (not in the paper; "
+                            "0: none)")
 
     evaluation = parser.add_argument_group("evaluation")
     evaluation.add_argument("--beam-size", type=int, default=4, help="beam size (§6.1: 4)")
@@ -147,6 +148,29 @@ def build_parser(name, description, defaults):
     return parser
 
 
+def _cooldown(text):
+    """--cooldown-steps: an int of steps, or a str such as "40%" (of the run's
+    steps, resolved by `cooldown_steps`)."""
+    if isinstance(text, int):
+        return text
+    try:
+        value = float(text[:-1]) if text.endswith("%") else int(text)
+    except ValueError:
+        value = -1
+    if value < 0 or (isinstance(value, float) and value > 100):
+        raise argparse.ArgumentTypeError(
+            f"--cooldown-steps must be 0 or positive steps, or a percentage such as 40%, "
+            f"got {text!r}")
+    return text if text.endswith("%") else value
+
+
+def cooldown_steps(value, steps):
+    """The cooldown's steps: `value` itself, or its percentage of `steps`."""
+    if isinstance(value, str):
+        return int(round(float(value[:-1]) / 100 * steps))
+    return value
+
+
 def _alphas(text):
     try:
         values = tuple(float(part) for part in text.split(","))
@@ -174,8 +198,6 @@ def check_args(parser, args):
         value = getattr(args, name, None)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if args.cooldown_steps < 0:
-        parser.error(f"--cooldown-steps must be 0 or positive, got {args.cooldown_steps}")
     if args.epochs is not None and args.epochs <= 0:
         parser.error(f"--epochs must be positive, got {args.epochs}")
     if args.model_parallel < 1:
@@ -351,12 +373,13 @@ def run(args, splits, name):
         # fit_steps trains whole windows: the cooldown ends with the last one.
         every = min(args.checkpoint_every, total_steps)
         trained_steps = -(-total_steps // every) * every
-        if args.cooldown_steps > trained_steps:
+        cooldown = cooldown_steps(args.cooldown_steps, trained_steps)
+        if cooldown > trained_steps:
             raise ValueError(f"--cooldown-steps {args.cooldown_steps} is more than the "
                              f"{trained_steps} steps of the run.")
         with distributed.scope():
             model = kt.Transformer(config)
-            compile_model(model, config, args.lr_scale, trained_steps, args.cooldown_steps)
+            compile_model(model, config, args.lr_scale, trained_steps, cooldown)
         print(f"Model: {args.preset} preset, {model.count_params():,} parameters, "
               f"{json.dumps(dataclasses.asdict(config))}")
         start = time.time()

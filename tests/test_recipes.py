@@ -19,7 +19,7 @@ from keras_transformer import run_dir as run_dir_files
 from keras_transformer.inference.saved_model import read_metadata
 from keras_transformer.training import downloads
 from keras_transformer.training.data import synthetic_translation
-from recipes import anki, average, multi30k, quickstart, table3, wmt14
+from recipes import anki, average, common, multi30k, quickstart, table3, wmt14
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -280,6 +280,8 @@ def test_recipe_user_errors_print_one_line_and_exit_2(tmp_path):
 @pytest.mark.parametrize("arguments, message", [
     (["--steps", "0"], "--steps must be positive"),
     (["--cooldown-steps", "-1"], "--cooldown-steps must be 0 or positive"),
+    (["--cooldown-steps", "101%"], "or a percentage such as 40%"),
+    (["--cooldown-steps", "x%"], "or a percentage such as 40%"),
     (["--tune-alpha", "0.6,x"], "must be comma-separated non-negative numbers"),
 ])
 def test_bad_option_values_are_rejected(arguments, message, capsys):
@@ -287,6 +289,22 @@ def test_bad_option_values_are_rejected(arguments, message, capsys):
         quickstart.main(arguments)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_multi30k_defaults_are_the_one_hour_recipe():
+    args = multi30k.parse_args([])
+    assert (args.steps, args.epochs, args.tokens_per_batch, args.checkpoint_every) == (
+        5000, None, 2048, 200)
+    assert (args.d_model, args.num_layers, args.num_heads, args.d_ff, args.dropout_rate) == (
+        128, 4, 4, 512, 0.2)
+    assert args.cooldown_steps == "40%" and common.cooldown_steps(args.cooldown_steps, 5000) == 2000
+    assert args.tune_alpha == (0.8, 1.0, 1.2, 1.4)
+    # A length or an α given by hand replaces the default one.
+    assert multi30k.parse_args(["--epochs", "3"]).steps is None
+    assert multi30k.parse_args(["--alpha", "0.6"]).tune_alpha is None
+    assert multi30k.parse_args(["--alpha=0.6", "--tune-alpha", "0.6,1"]).tune_alpha == (0.6, 1.0)
+    assert multi30k.parse_args(["--cooldown-steps", "300"]).cooldown_steps == 300
+    assert common.cooldown_steps("12.5%", 200) == 25
 
 
 def test_a_cooldown_longer_than_the_run_is_refused(tmp_path):

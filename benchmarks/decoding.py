@@ -4,14 +4,16 @@ against the uncached baseline, for 32, 64, 128 and 256 new tokens.
 Cached: `keras_transformer.inference.decoding.greedy_search` and `beam_search`
 (beam 4, α = 0.6), which run the encoder once and the decoder one position at a
 time over a fixed-size self-attention cache, compiled as one loop (jax.jit,
-tf.function with XLA; eager under torch.no_grad on torch).
+tf.function with XLA; on torch, under torch.no_grad with the loop body traced by
+torch.jit.trace once per shape and the cache written in place).
 
 Uncached: the textbook decoder without a cache. At step t it re-runs
 `model.decode` on the whole prefix (t + 1 positions, padded up to a multiple of
 `--bucket` so that compiled backends see few shapes; padding is masked), keeps
 the last position's log-probabilities and extends the hypotheses on the host.
 The step function is compiled the same way as the cached loop (jax.jit with the
-weights as arguments, tf.function(jit_compile=True), torch.no_grad eager), and
+weights as arguments, tf.function(jit_compile=True), torch.no_grad eager: the
+uncached step has no loop to trace), and
 the encoder output is computed once. Beam search keeps the best 4 of each
 beam's 4 best extensions, the same ranking as the cached search while no
 hypothesis ends.

@@ -8,8 +8,11 @@ depends on the backend beyond that lives here, in one adapter:
 * `global_sum`: a sum over the replicas of a `tf.distribute` strategy (§5.2),
   for the loss's token count;
 * `compile_inference`: the decoding loops of §6.1 compiled for the backend
-  (`jax.jit` with the weights as arguments, `tf.function` with XLA, eager
-  PyTorch without gradients);
+  (`jax.jit` with the weights as arguments, `tf.function` with XLA; under
+  PyTorch, without gradients, each loop's body traced by `torch.jit.trace`);
+* `while_loop` and `write_cache`: what the search loops and the attention
+  cache call instead of `ops.while_loop` and `ops.slice_update`, so that
+  PyTorch runs a traced body and writes its cache in place;
 * `use_compilation_cache`: JAX's persistent compilation cache, so that a
   resumed or repeated run does not compile its train step again.
 
@@ -17,6 +20,9 @@ Importing this module imports neither Keras nor a backend, so that
 `check_backend_name` runs before Keras loads; each function imports what it
 needs when called.
 """
+
+import collections
+import threading
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -58,7 +64,7 @@ def use_compilation_cache(directory):
     process compiling the same program (a resumed run, the same command again)
     reads it instead. Only compilations of a second or more are stored
     (`jax_persistent_cache_min_compile_time_secs`). Does nothing under the
-    other backends (TensorFlow keeps no such cache; torch runs eagerly).
+    other backends (TensorFlow keeps no such cache; torch compiles nothing).
 
     Returns:
         Whether the cache is on.
@@ -112,7 +118,9 @@ def compile_inference(model_ref, function):
 
     Returns:
         A function of the tensors alone. JAX and TensorFlow compile it once per
-        input shape and reuse it; PyTorch runs it eagerly without gradients.
+        input shape and reuse it. PyTorch runs it without gradients, and the
+        loops in it (`while_loop`) run a body traced once per shape; the
+        traces are kept with the function (at most `_MAX_TRACES`).
     """
     import keras
 
@@ -156,9 +164,223 @@ def compile_inference(model_ref, function):
     if backend == "torch":
         import torch
 
+        traces = _Traces()  # this function's traced loops
+
         def run_without_gradients(*args):
-            with torch.no_grad():
-                return run_eagerly(*args)
+            weights = [variable.value for variable in model_ref().weights]
+            previous = getattr(_LOCAL, "loops", None)
+            _LOCAL.loops = _TracedLoops(traces, weights)
+            try:
+                with torch.no_grad():
+                    return run_eagerly(*args)
+            finally:
+                _LOCAL.loops = previous
 
         return run_without_gradients
     return run_eagerly
+
+
+# The decoding loops under PyTorch.
+#
+# Run eagerly by Keras, a greedy step of the decoding benchmark's default
+# model (benchmarks/decoding.py) took about 17 ms, nearly all of it Keras's
+# own Python around each operation (argument checks, conversions, a layer's
+# `__call__`), not the kernels. torch.compile removes that overhead but takes
+# minutes to compile here. `torch.jit.trace` records the kernels a loop's
+# condition and body run, in a fraction of a second, and the recorded graph
+# runs them without the Python: the same step then takes about 3 ms. A body
+# is a pure function of its loop variables, the tensors its closure holds
+# (the cross-attention caches, the source mask, the length limits, the
+# special ids...) and the model's weights; all three are the traced graph's
+# inputs, so one trace serves every later call of the same shapes, whatever
+# the values, and sees the weights as they are then.
+
+_LOCAL = threading.local()
+# Traced functions kept per compiled search (a loop's condition and body
+# are two); the least recently used are dropped first.
+_MAX_TRACES = 128
+
+
+def while_loop(cond, body, loop_vars):
+    """`keras.ops.while_loop(cond, body, loop_vars)` for the search loops.
+
+    Inside a search that `compile_inference` runs under PyTorch, `cond` and
+    `body` are traced once per shape (`torch.jit.trace`) and the traced
+    graphs run the iterations. Everywhere else this is
+    `keras.ops.while_loop`.
+
+    Args:
+        cond: A function of the loop variables returning a scalar bool.
+        body: A function of the loop variables returning new ones, of the
+            same structure and shapes. Any tensor either function reads
+            besides them and the model's weights must be in its closure
+            (directly, in a list, tuple or dict there, or in the closure of a
+            function there), so that the trace takes it as an input instead
+            of keeping its value. Python values they read are kept: they
+            must be the same on every call of the compiled search.
+        loop_vars: A tuple of tensors and nested lists or tuples of tensors.
+
+    Returns:
+        The loop variables after the last iteration.
+    """
+    loops = getattr(_LOCAL, "loops", None)
+    if loops is None:
+        from keras import ops
+
+        return ops.while_loop(cond, body, loop_vars)
+    return loops.run(cond, body, tuple(loop_vars))
+
+
+def write_cache(cache, index, update):
+    """`cache` with `update` written at positions `index, index + 1, ...` of
+    axis 1: `ops.slice_update(cache, [0, index, 0], update)`.
+
+    Inside a search that `compile_inference` runs under PyTorch the write is
+    in place: the search owns its caches and never reads an old one again,
+    and copying the whole cache at every step took about half of a traced
+    greedy step (torch.profiler, the decoding benchmark's default size at
+    128 tokens). Everywhere else the result is a new tensor, as `keras.ops`
+    promises.
+
+    Args:
+        cache: (batch, length, width) tensor.
+        index: int or int scalar tensor, the first position written.
+        update: (batch, n, width) tensor of the cache's dtype.
+    """
+    if getattr(_LOCAL, "loops", None) is None:
+        from keras import ops
+
+        return ops.slice_update(cache, [0, index, 0], update)
+    cache.narrow(1, index, update.shape[1]).copy_(update)
+    return cache
+
+
+class _Traces:
+    """Traced loop functions by key, the most recently used kept (at most
+    `_MAX_TRACES`); safe to share between threads (a server's workers)."""
+
+    def __init__(self):
+        self._traces = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._traces)
+
+    def get(self, key):
+        with self._lock:
+            traced = self._traces.get(key)
+            if traced is not None:
+                self._traces.move_to_end(key)
+            return traced
+
+    def put(self, key, traced):
+        with self._lock:
+            self._traces[key] = traced
+            while len(self._traces) > _MAX_TRACES:
+                self._traces.popitem(last=False)
+
+
+class _TracedLoops:
+    """The loops of one call of a compiled search under PyTorch.
+
+    A loop's condition and body are traced apart, each keyed by the loop's
+    place in the call (the n-th loop of the search) and the shapes and
+    dtypes of all the trace's inputs, and kept in `traces`, which outlives
+    the call.
+    """
+
+    def __init__(self, traces, weights):
+        self.traces = traces
+        self.weights = weights
+        self.loops_run = 0
+
+    def run(self, cond, body, state):
+        import keras
+
+        flat_state = keras.tree.flatten(state)
+        shapes = tuple((tuple(t.shape), t.dtype) for t in flat_state)
+        self.loops_run += 1
+        # Both functions are traced: the loop then runs without packing and
+        # unpacking its variables at every step, which took a tenth of a
+        # traced greedy step.
+        cond_inputs, body_inputs = self._fixed(cond, flat_state), self._fixed(body, flat_state)
+        body_inputs = [*self.weights, *body_inputs]
+        traced_cond = self._traced(("cond", self.loops_run, shapes), cond, state, cond_inputs)
+        traced_body = None
+        while bool(traced_cond(*cond_inputs, *flat_state)[0]):
+            if traced_body is None:
+                traced_body = self._traced(("body", self.loops_run, shapes), body, state,
+                                           body_inputs)
+            flat_state = list(traced_body(*body_inputs, *flat_state))
+        return keras.tree.pack_sequence_as(state, flat_state)
+
+    @staticmethod
+    def _fixed(function, flat_state):
+        """The tensors `function` reads besides the loop variables: those its
+        closure holds. A tensor that is a loop variable too (the first cache,
+        before the loop) is the trace's loop-variable input, not a fixed one."""
+        in_state = {id(t) for t in flat_state}
+        return [t for t in _closure_tensors(function) if id(t) not in in_state]
+
+    def _traced(self, key, function, state, fixed):
+        """`function` traced as a function of `(*fixed, *flat loop variables)`
+        returning its flat outputs, from `self.traces` when traced before."""
+        import warnings
+
+        import keras
+        import torch
+
+        flat_state = keras.tree.flatten(state)
+        key = (*key, tuple((tuple(t.shape), t.dtype) for t in fixed))
+        traced = self.traces.get(key)
+        if traced is not None:
+            return traced
+
+        def flat_function(*inputs):
+            # The first inputs are the fixed tensors: the function reads those
+            # same tensor objects, which the tracer maps to these inputs.
+            loop_vars = keras.tree.pack_sequence_as(state, list(inputs[len(fixed):]))
+            return tuple(keras.tree.flatten(function(*loop_vars)))
+
+        with warnings.catch_warnings():
+            # Keras converts Python numbers to tensors inside the body; the
+            # tracer warns that those become constants, which they are.
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            # torch 2.10+ marks torch.jit.trace deprecated in favour of
+            # torch.compile, which costs minutes here (see above).
+            warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated",
+                                    DeprecationWarning)
+            traced = torch.jit.trace(flat_function, (*fixed, *flat_state), check_trace=False)
+        self.traces.put(key, traced)
+        return traced
+
+
+def _closure_tensors(function):
+    """The torch tensors a function's closure holds, in a fixed order: in its
+    cells, in lists, tuples and dicts there, and in the closures of functions
+    there."""
+    import torch
+
+    found, seen = [], set()
+
+    def visit(value):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif callable(value) and getattr(value, "__closure__", None):
+            for cell in value.__closure__:
+                try:
+                    visit(cell.cell_contents)
+                except ValueError:  # a cell not filled yet
+                    pass
+
+    visit(function)
+    return found

@@ -21,9 +21,12 @@ both: a longer input keeps its first tokens and EOS.
 
 Every shape is fixed before the loop (the output buffer has room for the
 longest allowed hypothesis), so the loop is a `keras.ops.while_loop` that
-compiles with `jax.jit` and `tf.function(jit_compile=True)`. Sizes are read
-with `ops.shape`, so the loops also trace with an unknown batch size and
-source width (the SavedModel, where XLA fixes them per input shape).
+compiles with `jax.jit` and `tf.function(jit_compile=True)`; under PyTorch
+`keras_transformer.backend.while_loop` traces its body once per shape instead.
+A body reads tensors other than its loop variables only through its closure,
+which is how that trace finds them. Sizes are read with `ops.shape`, so the
+loops also trace with an unknown batch size and source width (the SavedModel,
+where XLA fixes them per input shape).
 
 A step attends over every slot of the self-attention cache, and beam search
 copies every slot when it reorders the cache after its parents, so a step
@@ -35,6 +38,8 @@ one more compiled loop body, so short buffers keep one phase.
 """
 
 from keras import ops
+
+from keras_transformer import backend
 
 # "Maximum output length to input length + 50" (§6.1).
 LENGTH_OFFSET = 50
@@ -231,7 +236,7 @@ def _phased_loop(model, cond, body, state, buffer_length):
         if phase:  # the loop starts with the first phase's cache
             grown = model.grow_cache({"self": state[-1], "cross": None}, phase_end)
             state = (*state[:-1], grown["self"])
-        state = ops.while_loop(lambda *s, end=phase_end: cond(end, *s), body, state)
+        state = backend.while_loop(lambda *s, end=phase_end: cond(end, *s), body, state)
     return state
 
 

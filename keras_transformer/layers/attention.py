@@ -22,7 +22,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer import validation
+from keras_transformer import backend, validation
 
 # Added to the float32 logits of masked positions on the explicit path. Any value
 # far below real logits works; this one stays finite in float32.
@@ -254,11 +254,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 # Keys and values are two tensors, so d_k and d_v may differ,
                 # and a loop that carries them updates each one in place.
                 key_cache, value_cache = cache
-                start = [0, cache_update_index, 0]
-                k = ops.slice_update(key_cache, start,
-                                     ops.cast(self._flat_heads(k), key_cache.dtype))
-                v = ops.slice_update(value_cache, start,
-                                     ops.cast(self._flat_heads(v), value_cache.dtype))
+                k = backend.write_cache(key_cache, cache_update_index,
+                                        ops.cast(self._flat_heads(k), key_cache.dtype))
+                v = backend.write_cache(value_cache, cache_update_index,
+                                        ops.cast(self._flat_heads(v), value_cache.dtype))
                 cache = (k, v)
 
         mask = self._merge_masks(

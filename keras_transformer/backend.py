@@ -199,6 +199,8 @@ _LOCAL = threading.local()
 # Traced functions kept per compiled search (a loop's condition and body
 # are two); the least recently used are dropped first.
 _MAX_TRACES = 128
+# Failed traces (their errors): the first one warns.
+_TRACE_FAILURES = []
 
 
 def while_loop(cond, body, loop_vars):
@@ -314,23 +316,13 @@ class _TracedLoops:
             flat_state = list(traced_body(*body_inputs, *flat_state))
         return keras.tree.pack_sequence_as(state, flat_state)
 
-    @staticmethod
-    def _fixed(function, flat_state):
-        """The tensors `function` reads besides the loop variables: those its
-        closure holds. A tensor that is a loop variable too (the first cache,
-        before the loop) is the trace's loop-variable input, not a fixed one."""
-        in_state = {id(t) for t in flat_state}
-        return [t for t in _closure_tensors(function) if id(t) not in in_state]
-
     def _traced(self, key, function, state, fixed):
-        """`function` traced as a function of `(*fixed, *flat loop variables)`
-        returning its flat outputs, from `self.traces` when traced before."""
-        import warnings
-
+        """`function` as a function of `(*fixed, *flat loop variables)`
+        returning its flat outputs: traced, or from `self.traces` when traced
+        before. Should tracing fail, the function itself (run by Keras at
+        every step, as without a trace), with one warning."""
         import keras
-        import torch
 
-        flat_state = keras.tree.flatten(state)
         key = (*key, tuple((tuple(t.shape), t.dtype) for t in fixed))
         traced = self.traces.get(key)
         if traced is not None:
@@ -342,17 +334,45 @@ class _TracedLoops:
             loop_vars = keras.tree.pack_sequence_as(state, list(inputs[len(fixed):]))
             return tuple(keras.tree.flatten(function(*loop_vars)))
 
-        with warnings.catch_warnings():
-            # Keras converts Python numbers to tensors inside the body; the
-            # tracer warns that those become constants, which they are.
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            # torch 2.10+ marks torch.jit.trace deprecated in favour of
-            # torch.compile, which costs minutes here (see above).
-            warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated",
-                                    DeprecationWarning)
-            traced = torch.jit.trace(flat_function, (*fixed, *flat_state), check_trace=False)
+        try:
+            traced = _trace(flat_function, (*fixed, *keras.tree.flatten(state)))
+        except Exception as error:  # noqa: BLE001 - any failure falls back to Keras's loop
+            if not _TRACE_FAILURES:
+                import warnings
+
+                warnings.warn(f"torch.jit.trace failed on a decoding loop ({error!r}); "
+                              "decoding runs it eagerly, several times slower.",
+                              RuntimeWarning, stacklevel=2)
+            _TRACE_FAILURES.append(repr(error))
+            # Not kept: it reads this call's closure.
+            return flat_function
         self.traces.put(key, traced)
         return traced
+
+    @staticmethod
+    def _fixed(function, flat_state):
+        """The tensors `function` reads besides the loop variables: those its
+        closure holds. A tensor that is a loop variable too (the first cache,
+        before the loop) is the trace's loop-variable input, not a fixed one."""
+        in_state = {id(t) for t in flat_state}
+        return [t for t in _closure_tensors(function) if id(t) not in in_state]
+
+
+def _trace(function, inputs):
+    """`torch.jit.trace(function, inputs)`, without its warnings."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        # Keras converts Python numbers to tensors inside the loop; the
+        # tracer warns that those become constants, which they are.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # torch 2.10+ marks torch.jit.trace deprecated in favour of
+        # torch.compile, which costs minutes here (see above).
+        warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated",
+                                DeprecationWarning)
+        return torch.jit.trace(function, inputs, check_trace=False)
 
 
 def _closure_tensors(function):

@@ -141,3 +141,24 @@ def test_traced_torch_loops_equal_the_eager_search_on_new_values_of_the_same_sha
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     assert traced >= 1
+
+
+@torch_only
+def test_a_failed_trace_warns_and_decodes_eagerly(monkeypatch):
+    from keras_transformer.inference import beam_search
+
+    model = tiny_model(seed=0)
+    source = np.array([[5, 9, 7, EOS], [4, EOS, 0, 0]], "int32")
+    expected = beam_search(model, source, BOS, EOS, beam_size=3)
+
+    def failing_trace(function, inputs):
+        raise RuntimeError("no tracer here")
+
+    monkeypatch.setattr(backend, "_trace", failing_trace)
+    monkeypatch.setattr(backend, "_TRACE_FAILURES", [])
+    other = tiny_model(seed=0)  # its own compiled search: nothing traced yet
+    with pytest.warns(RuntimeWarning, match="no tracer here"):
+        got = beam_search(other, source, BOS, EOS, beam_size=3)
+    for g, w in zip(got, expected):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert backend._TRACE_FAILURES

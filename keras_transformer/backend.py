@@ -9,10 +9,11 @@ depends on the backend beyond that lives here, in one adapter:
   for the loss's token count;
 * `compile_inference`: the decoding loops of §6.1 compiled for the backend
   (`jax.jit` with the weights as arguments, `tf.function` with XLA; under
-  PyTorch, without gradients, each loop's body traced by `torch.jit.trace`);
+  PyTorch, without gradients, each loop's condition and body traced by
+  `torch.jit.trace`);
 * `while_loop` and `write_cache`: what the search loops and the attention
   cache call instead of `ops.while_loop` and `ops.slice_update`, so that
-  PyTorch runs a traced body and writes its cache in place;
+  PyTorch runs traced loops and writes its cache in place;
 * `use_compilation_cache`: JAX's persistent compilation cache, so that a
   resumed or repeated run does not compile its train step again.
 
@@ -119,8 +120,8 @@ def compile_inference(model_ref, function):
     Returns:
         A function of the tensors alone. JAX and TensorFlow compile it once per
         input shape and reuse it. PyTorch runs it without gradients, and the
-        loops in it (`while_loop`) run a body traced once per shape; the
-        traces are kept with the function (at most `_MAX_TRACES`).
+        loops in it (`while_loop`) run a condition and body traced once per
+        shape; the traces are kept with the function (at most `_MAX_TRACES`).
     """
     import keras
 
@@ -199,7 +200,7 @@ _LOCAL = threading.local()
 # Traced functions kept per compiled search (a loop's condition and body
 # are two); the least recently used are dropped first.
 _MAX_TRACES = 128
-# Failed traces (their errors): the first one warns.
+# The first failed trace's error, which warned; later failures are not kept.
 _TRACE_FAILURES = []
 
 
@@ -265,9 +266,6 @@ class _Traces:
         self._traces = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def __len__(self):
-        return len(self._traces)
-
     def get(self, key):
         with self._lock:
             traced = self._traces.get(key)
@@ -307,16 +305,17 @@ class _TracedLoops:
         # traced greedy step.
         cond_inputs, body_inputs = self._fixed(cond, flat_state), self._fixed(body, flat_state)
         body_inputs = [*self.weights, *body_inputs]
-        traced_cond = self._traced(("cond", self.loops_run, shapes), cond, state, cond_inputs)
+        traced_cond = self._traced(("cond", self.loops_run, shapes), cond, state, flat_state,
+                                   cond_inputs)
         traced_body = None
         while bool(traced_cond(*cond_inputs, *flat_state)[0]):
             if traced_body is None:
                 traced_body = self._traced(("body", self.loops_run, shapes), body, state,
-                                           body_inputs)
+                                           flat_state, body_inputs)
             flat_state = list(traced_body(*body_inputs, *flat_state))
         return keras.tree.pack_sequence_as(state, flat_state)
 
-    def _traced(self, key, function, state, fixed):
+    def _traced(self, key, function, state, flat_state, fixed):
         """`function` as a function of `(*fixed, *flat loop variables)`
         returning its flat outputs: traced, or from `self.traces` when traced
         before. Should tracing fail, the function itself (run by Keras at
@@ -335,7 +334,7 @@ class _TracedLoops:
             return tuple(keras.tree.flatten(function(*loop_vars)))
 
         try:
-            traced = _trace(flat_function, (*fixed, *keras.tree.flatten(state)))
+            traced = _trace(flat_function, (*fixed, *flat_state))
         except Exception as error:  # noqa: BLE001 - any failure falls back to Keras's loop
             if not _TRACE_FAILURES:
                 import warnings
@@ -343,7 +342,7 @@ class _TracedLoops:
                 warnings.warn(f"torch.jit.trace failed on a decoding loop ({error!r}); "
                               "decoding runs it eagerly, several times slower.",
                               RuntimeWarning, stacklevel=2)
-            _TRACE_FAILURES.append(repr(error))
+                _TRACE_FAILURES.append(repr(error))
             # Not kept: it reads this call's closure.
             return flat_function
         self.traces.put(key, traced)

@@ -17,7 +17,8 @@ from keras_transformer import backend
 from keras_transformer.training.toy_tasks import ToyVocabulary
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BOS, EOS = ToyVocabulary(20).bos_id, ToyVocabulary(20).eos_id
+VOCABULARY = ToyVocabulary(20)
+BOS, EOS = VOCABULARY.bos_id, VOCABULARY.eos_id
 
 # Compiles one program with the cache on, in a process of its own (JAX's
 # cache settings are global), and prints JAX's count of cache hits.

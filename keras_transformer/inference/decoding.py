@@ -8,8 +8,8 @@ with temperature, top-k and top-p, reproducibly for a seed.
 as NumPy arrays and give NumPy results: they check their arguments, compile
 the search of `keras_transformer.inference.search` for the backend
 (`keras_transformer.backend.compile_inference`: `jax.jit`,
-`tf.function(jit_compile=True)`, PyTorch without gradients with each loop body
-traced by `torch.jit.trace`), and
+`tf.function(jit_compile=True)`, PyTorch without gradients with each loop's
+condition and body traced by `torch.jit.trace`), and
 cache the compiled functions per model and per search setting, so JAX and
 TensorFlow reuse them for every batch of the same shape.
 """

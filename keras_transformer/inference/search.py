@@ -22,9 +22,9 @@ both: a longer input keeps its first tokens and EOS.
 Every shape is fixed before the loop (the output buffer has room for the
 longest allowed hypothesis), so the loop is a `keras.ops.while_loop` that
 compiles with `jax.jit` and `tf.function(jit_compile=True)`; under PyTorch
-`keras_transformer.backend.while_loop` traces its body once per shape instead.
-A body reads tensors other than its loop variables only through its closure,
-which is how that trace finds them. Sizes are read with `ops.shape`, so the
+`keras_transformer.backend.while_loop` traces it once per shape instead.
+A loop's condition and body read tensors other than its loop variables only
+through their closures, which is how that trace finds them. Sizes are read with `ops.shape`, so the
 loops also trace with an unknown batch size and source width (the SavedModel,
 where XLA fixes them per input shape).
 

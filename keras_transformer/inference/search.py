@@ -24,9 +24,9 @@ longest allowed hypothesis), so the loop is a `keras.ops.while_loop` that
 compiles with `jax.jit` and `tf.function(jit_compile=True)`; under PyTorch
 `keras_transformer.backend.while_loop` traces it once per shape instead.
 A loop's condition and body read tensors other than its loop variables only
-through their closures, which is how that trace finds them. Sizes are read with `ops.shape`, so the
-loops also trace with an unknown batch size and source width (the SavedModel,
-where XLA fixes them per input shape).
+through their closures, which is how that trace finds them. Sizes are read
+with `ops.shape`, so the loops also trace with an unknown batch size and
+source width (the SavedModel, where XLA fixes them per input shape).
 
 A step attends over every slot of the self-attention cache, and beam search
 copies every slot when it reorders the cache after its parents, so a step

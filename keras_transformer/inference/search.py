@@ -34,7 +34,10 @@ costs in proportion to the cache's size, not to the positions decoded. The
 loop therefore runs in phases (`cache_phases`): the cache starts with room for
 32 positions and doubles between phases, up to the buffer's length, so that
 a step touches at most about twice the positions decoded so far. A phase is
-one more compiled loop body, so short buffers keep one phase.
+one more compiled loop body, so short buffers keep one phase. From a cache of
+`PAIRED_BEAM_STEPS_FROM` positions on, beam search runs two steps per
+iteration, which spares XLA a copy of every cache tensor per step
+(`_beam_loop` says why).
 """
 
 from keras import ops
@@ -55,6 +58,10 @@ SINUSOIDAL_SOURCE_LIMIT = 1024
 _NEG_INF = float("-inf")
 # The self-attention cache's room in the first phase of a decoding loop.
 FIRST_CACHE_PHASE = 32
+# Beam search runs two steps per iteration of its loop in the phases whose
+# cache has room for at least this many positions, one step in the others
+# (see `_beam_loop`); None: one step everywhere.
+PAIRED_BEAM_STEPS_FROM = 128
 
 
 def length_penalty(length, alpha):
@@ -225,18 +232,33 @@ def cache_phases(buffer_length):
     return sizes + [buffer_length]
 
 
-def _phased_loop(model, cond, body, state, buffer_length):
+def _phased_loop(model, cond, body, state, buffer_length, paired_from=None):
     """`ops.while_loop(cond, body, state)` in the phases of `cache_phases`.
 
     `state` is `(index, ..., self_cache)`: the step index first and the
     self-attention caches last. `cond(phase_end, *state)` says whether to go
     on within a phase that ends at `phase_end`.
+
+    A phase of an even number of steps that ends at `paired_from` or later
+    runs two steps per iteration, and its `cond` is asked whether the step
+    before the phase's end may run, so that both steps lie in the phase. A
+    step run after `cond` would have stopped must then change nothing that
+    matters.
     """
+    def two_steps(*state):
+        return body(*body(*state))
+
+    phase_start = 0
     for phase, phase_end in enumerate(cache_phases(buffer_length)):
         if phase:  # the loop starts with the first phase's cache
             grown = model.grow_cache({"self": state[-1], "cross": None}, phase_end)
             state = (*state[:-1], grown["self"])
-        state = backend.while_loop(lambda *s, end=phase_end: cond(end, *s), body, state)
+        paired = paired_from is not None and isinstance(phase_end, int) \
+            and phase_end >= paired_from and (phase_end - phase_start) % 2 == 0
+        phase_start = phase_end
+        bound = phase_end - 1 if paired else phase_end
+        state = backend.while_loop(lambda *s, end=bound: cond(end, *s),
+                                   two_steps if paired else body, state)
     return state
 
 
@@ -510,7 +532,28 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     pad_id = model.config.pad_id
     bos_id, eos_id = special_ids[0], special_ids[1]
     batch_size = ops.shape(source_ids)[0]
-    width = buffer_length + 1  # BOS + the longest hypothesis
+    # Two steps per iteration in the phases of large caches
+    # (`PAIRED_BEAM_STEPS_FROM`). XLA cannot reorder a cache in place: with
+    # one step per iteration it gathers each cache tensor into a new buffer
+    # and copies that back into the loop's (a copy per tensor and step in the
+    # loop body's HLO). With two, the first step gathers into a scratch
+    # buffer and the second from it back into the loop's, and JAX's loop has
+    # no copy left. The price is a loop body twice the size to compile, and
+    # up to one step more than needed, so small caches, where the copy costs
+    # least, keep one step. A phase is paired only if it has an even number
+    # of steps, so an odd length that would end in a paired phase is rounded
+    # up to an even number of steps: a step past every sentence's limit
+    # changes nothing returned. A model with learned positions cannot embed a
+    # position past its table: an odd length it caps is not rounded, and its
+    # last phase runs one step per iteration.
+    paired_from = PAIRED_BEAM_STEPS_FROM
+    steps, rounded = buffer_length, False
+    if paired_from is not None and isinstance(buffer_length, int) \
+            and buffer_length >= paired_from and buffer_length % 2:
+        positions = position_limit(model.config)
+        rounded = positions is None or buffer_length < positions
+        steps += rounded
+    width = steps + 1  # BOS + the longest hypothesis
     flat_size = batch_size * beam_size
 
     encoded, source_mask = model.encode(source_ids, training=False)
@@ -518,14 +561,14 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
     # Every beam of a sentence reads the same source, so its cross-attention
     # cache never needs reordering.
     cache = model.initial_cache(ops.repeat(encoded, beam_size, axis=0),
-                                cache_phases(buffer_length)[0])
+                                cache_phases(steps)[0])
     source_mask = ops.repeat(source_mask, beam_size, axis=0)
     if aligned_to is not None:
         aligned_to = ops.repeat(aligned_to, beam_size, axis=0)
 
     alive_sequences = ops.concatenate(
         [ops.ones((batch_size, beam_size, 1), "int32") * bos_id,
-         ops.zeros((batch_size, beam_size, buffer_length), "int32")],
+         ops.zeros((batch_size, beam_size, steps), "int32")],
         axis=2,
     )
     # All beams start identical; only the first may expand at step 0.
@@ -631,10 +674,11 @@ def _beam_loop(model, source_ids, limits, special_ids, alpha, beam_size, buffer_
 
     state = (ops.convert_to_tensor(0, "int32"), alive_sequences, alive_log_probs,
              finished_sequences, finished_scores, *alignments, cache["self"])
-    state = _phased_loop(model, cond, body, state, buffer_length)
-    results = [state[3][:, :, 1:], state[4]]
+    state = _phased_loop(model, cond, body, state, steps, paired_from)
+    after_bos = slice(1, buffer_length + 1 if rounded else None)
+    results = [state[3][:, :, after_bos], state[4]]
     if aligned_to is not None:
-        results.append(state[6][:, :, 1:])
+        results.append(state[6][:, :, after_bos])
     if num_return == 1:
         results = [result[:, 0] for result in results]
     return tuple(results)

@@ -255,6 +255,38 @@ def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch, return_a
             np.testing.assert_array_equal(phased_results[2], single_results[2])
 
 
+@pytest.mark.parametrize("max_output_length", [17, 40])
+def test_two_beam_steps_per_loop_iteration_decode_as_one(monkeypatch, max_output_length):
+    """Beam search runs two steps per iteration of its loop in the cache
+    phases from `PAIRED_BEAM_STEPS_FROM` on, so that XLA copies no cache. Its
+    n-best lists, scores and alignments are those of one step per iteration:
+    with an odd length (17: phases of 8 and 18 positions, the second paired,
+    one step past every limit), with two paired phases (40: 8, 16 and 40),
+    and with hypotheses that end at different steps. The phases are made
+    small so that the test runs few steps; the library starts at 32 and
+    pairs from 128."""
+    from keras_transformer.inference import decoding, search
+
+    assert search.PAIRED_BEAM_STEPS_FROM == 128
+    monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 8)
+    monkeypatch.setattr(search, "PAIRED_BEAM_STEPS_FROM", 16)
+    model = tiny_model(seed=5)
+    set_output_bias(model, EOS, 1.0)
+    source = source_batch()
+    options = dict(beam_size=3, max_output_length=max_output_length, num_return=3,
+                   return_alignment=True)
+    paired = beam_search(model, source, BOS, EOS, **options)
+    monkeypatch.setattr(search, "PAIRED_BEAM_STEPS_FROM", None)
+    decoding._COMPILED.pop(model, None)
+    single = beam_search(model, source, BOS, EOS, **options)
+    # Hypotheses end at different steps, some past the first (unpaired) phase.
+    lengths = {len(hypothesis) for row in paired[0] for hypothesis in strip(row)}
+    assert len(lengths) >= 2 and max(lengths) > 8, lengths
+    np.testing.assert_array_equal(paired[0], single[0])
+    np.testing.assert_allclose(paired[1], single[1], rtol=1e-5)
+    np.testing.assert_array_equal(paired[2], single[2])
+
+
 def test_equal_scores_rank_in_the_order_they_came_on_every_backend():
     # ops.top_k leaves ties to the backend; the n-best merge must not, so that
     # a hypothesis finished earlier keeps its place against an equal newcomer.
@@ -296,11 +328,19 @@ def test_output_ends_at_eos_or_at_source_length_plus_50(search):
     np.testing.assert_allclose(scores, 0.0, atol=1e-3)
 
 
-def test_learned_positions_cap_the_output_length():
-    model = tiny_model(position_encoding="learned", max_length=16)
+@pytest.mark.parametrize("max_length", [16, 15])
+def test_learned_positions_cap_the_output_length(monkeypatch, max_length):
+    """An odd cap ends in a phase of one beam step per loop iteration: a
+    second step would embed a position past the table (an error under
+    PyTorch)."""
+    from keras_transformer.inference import search
+
+    monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 4)
+    monkeypatch.setattr(search, "PAIRED_BEAM_STEPS_FROM", 8)
+    model = tiny_model(position_encoding="learned", max_length=max_length)
     set_output_bias(model, EOS, -1e4)
     ids, _ = beam_search(model, source_batch(), bos_id=BOS, eos_id=EOS)
-    assert ids.shape == (3, 16) and np.all(ids != 0)
+    assert ids.shape == (3, max_length) and np.all(ids != 0)
 
 
 def test_compiled_once_per_shape_and_sees_new_weights(monkeypatch):

@@ -36,8 +36,8 @@ loop therefore runs in phases (`cache_phases`): the cache starts with room for
 a step touches at most about twice the positions decoded so far. A phase is
 one more compiled loop body, so short buffers keep one phase. From a cache of
 `PAIRED_BEAM_STEPS_FROM` positions on, beam search runs two steps per
-iteration, which spares XLA a copy of every cache tensor per step
-(`_beam_loop` says why).
+iteration, which spares XLA copies of the cache: every one under JAX, every
+other one under TensorFlow (`_beam_loop` says why).
 """
 
 from keras import ops

@@ -258,7 +258,7 @@ def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch, return_a
 @pytest.mark.parametrize("max_output_length", [17, 40])
 def test_two_beam_steps_per_loop_iteration_decode_as_one(monkeypatch, max_output_length):
     """Beam search runs two steps per iteration of its loop in the cache
-    phases from `PAIRED_BEAM_STEPS_FROM` on, so that XLA copies no cache. Its
+    phases from `PAIRED_BEAM_STEPS_FROM` on, so that XLA copies less. Its
     n-best lists, scores and alignments are those of one step per iteration:
     with an odd length (17: phases of 8 and 18 positions, the second paired,
     one step past every limit), with two paired phases (40: 8, 16 and 40),

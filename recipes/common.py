@@ -77,8 +77,10 @@ def build_parser(name, description, defaults):
     data.add_argument("--tokenizer", choices=("sentencepiece", "wordpiece"),
                       default="sentencepiece", help="subword algorithm (SentencePiece = BPE)")
     data.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
-    data.add_argument("--separate-vocabularies", action="store_true",
-                      help="learn one vocabulary per language instead of a shared one")
+    data.add_argument("--separate-vocabularies", action=argparse.BooleanOptionalAction,
+                      default=False,
+                      help="learn one vocabulary per language (--vocab-size each); "
+                           "--no-separate-vocabularies learns one shared by both")
     data.add_argument("--max-sentence-length", type=int, default=128,
                       help="longest training source / target in subword tokens; longer "
                            "pairs are dropped")
@@ -252,6 +254,17 @@ def load_or_train_tokenizers(args, corpus):
     from keras_transformer.training.tokenizers import SubwordTokenizer
 
     directories = run_dir.tokenizer_directories(args.run_dir, args.separate_vocabularies)
+    other = run_dir.tokenizer_directories(args.run_dir, not args.separate_vocabularies)
+    if any(os.path.exists(os.path.join(d, "tokenizer.json")) for d in other):
+        # Learning the other layout beside it would train a new model over
+        # the run's checkpoints, whose embeddings have other shapes.
+        kind, option = (("a shared vocabulary", "--no-separate-vocabularies")
+                        if args.separate_vocabularies else
+                        ("separate vocabularies", "--separate-vocabularies"))
+        raise ValueError(
+            f"The run directory {args.run_dir} was trained with {kind} ("
+            f"{', '.join(os.path.basename(d) + '/' for d in other)}): resume it with {option}, "
+            "or give a new --run-dir.")
     if all(os.path.exists(os.path.join(d, "tokenizer.json")) for d in directories):
         source_tokenizer, target_tokenizer = run_dir.load_tokenizers(args.run_dir)
         print(f"Tokenizer: reusing {', '.join(directories)}")
@@ -259,13 +272,17 @@ def load_or_train_tokenizers(args, corpus):
     start = time.time()
     texts = ([corpus.sources, corpus.targets] if args.separate_vocabularies
              else [corpus.sources + corpus.targets])
-    with elapsed_progress(f"Tokenizer: learning a {args.tokenizer} vocabulary of "
-                          f"{args.vocab_size} from {sum(len(t) for t in texts):,} sentences"):
+    what = (f"a {args.tokenizer} vocabulary of {args.vocab_size} from "
+            f"{len(texts[0]):,} sentences" if len(texts) == 1 else
+            f"a {args.tokenizer} vocabulary of {args.vocab_size} per language from "
+            f"{' and '.join(f'{len(t):,}' for t in texts)} sentences")
+    with elapsed_progress(f"Tokenizer: learning {what}"):
         tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
                       for t in texts]
     run_dir.save_tokenizers(args.run_dir, tokenizers[0], tokenizers[-1])
-    print(f"Tokenizer: learned {args.tokenizer} vocabulary of "
-          f"{', '.join(str(t.vocab_size) for t in tokenizers)} tokens in "
+    print(f"Tokenizer: learned {args.tokenizer} "
+          f"{'vocabulary' if len(tokenizers) == 1 else 'vocabularies'} of "
+          f"{' and '.join(str(t.vocab_size) for t in tokenizers)} tokens in "
           f"{time.time() - start:.0f} s")
     return tokenizers[0], tokenizers[-1]
 

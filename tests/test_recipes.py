@@ -294,17 +294,37 @@ def test_bad_option_values_are_rejected(arguments, message, capsys):
 def test_multi30k_defaults_are_the_one_hour_recipe():
     args = multi30k.parse_args([])
     assert (args.steps, args.epochs, args.tokens_per_batch, args.checkpoint_every) == (
-        5000, None, 2048, 200)
+        8000, None, 2048, 200)
+    assert (args.vocab_size, args.separate_vocabularies, args.bucket_width) == (8000, True, 4)
     assert (args.d_model, args.num_layers, args.num_heads, args.d_ff, args.dropout_rate) == (
         128, 4, 4, 512, 0.2)
-    assert args.cooldown_steps == "40%" and common.cooldown_steps(args.cooldown_steps, 5000) == 2000
+    assert args.cooldown_steps == "40%" and common.cooldown_steps(args.cooldown_steps, 8000) == 3200
     assert args.tune_alpha == (0.8, 1.0, 1.2, 1.4)
     # A length or an α given by hand replaces the default one.
     assert multi30k.parse_args(["--epochs", "3"]).steps is None
     assert multi30k.parse_args(["--alpha", "0.6"]).tune_alpha is None
     assert multi30k.parse_args(["--alpha=0.6", "--tune-alpha", "0.6,1"]).tune_alpha == (0.6, 1.0)
     assert multi30k.parse_args(["--cooldown-steps", "300"]).cooldown_steps == 300
+    assert multi30k.parse_args(["--no-separate-vocabularies"]).separate_vocabularies is False
+    assert common.build_parser("x", "", {}).parse_args([]).separate_vocabularies is False
     assert common.cooldown_steps("12.5%", 200) == 25
+
+
+@pytest.mark.parametrize("trained, option", [("tokenizer", "--no-separate-vocabularies"),
+                                             ("source_tokenizer", "--separate-vocabularies")])
+def test_a_run_directory_keeps_the_vocabulary_layout_it_was_trained_with(
+        tmp_path, trained, option):
+    """A run of the earlier shared-vocabulary default, resumed under today's
+    separate default (or the other way round), is refused before anything is
+    learned or trained, and the message names the option that resumes it."""
+    os.makedirs(tmp_path / trained)
+    (tmp_path / trained / "tokenizer.json").write_text("{}")
+    args = multi30k.parse_args(["--run-dir", str(tmp_path)] + (
+        ["--no-separate-vocabularies"] if trained == "source_tokenizer" else []))
+    corpus = synthetic_translation(10, seed=0)
+    with pytest.raises(ValueError, match=f"trained with .*: resume it with {option},"):
+        common.load_or_train_tokenizers(args, corpus)
+    assert sorted(os.listdir(tmp_path)) == [trained]
 
 
 def test_a_cooldown_longer_than_the_run_is_refused(tmp_path):

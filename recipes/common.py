@@ -253,9 +253,12 @@ def load_or_train_tokenizers(args, corpus):
     from keras_transformer import run_dir
     from keras_transformer.training.tokenizers import SubwordTokenizer
 
+    def saved(directory):
+        return os.path.exists(os.path.join(directory, "tokenizer.json"))
+
     directories = run_dir.tokenizer_directories(args.run_dir, args.separate_vocabularies)
     other = run_dir.tokenizer_directories(args.run_dir, not args.separate_vocabularies)
-    if any(os.path.exists(os.path.join(d, "tokenizer.json")) for d in other):
+    if any(map(saved, other)):
         # Learning the other layout beside it would train a new model over
         # the run's checkpoints, whose embeddings have other shapes.
         kind, option = (("a shared vocabulary", "--no-separate-vocabularies")
@@ -265,18 +268,17 @@ def load_or_train_tokenizers(args, corpus):
             f"The run directory {args.run_dir} was trained with {kind} ("
             f"{', '.join(os.path.basename(d) + '/' for d in other)}): resume it with {option}, "
             "or give a new --run-dir.")
-    if all(os.path.exists(os.path.join(d, "tokenizer.json")) for d in directories):
+    if all(map(saved, directories)):
         source_tokenizer, target_tokenizer = run_dir.load_tokenizers(args.run_dir)
         print(f"Tokenizer: reusing {', '.join(directories)}")
         return source_tokenizer, target_tokenizer
     start = time.time()
     texts = ([corpus.sources, corpus.targets] if args.separate_vocabularies
              else [corpus.sources + corpus.targets])
-    what = (f"a {args.tokenizer} vocabulary of {args.vocab_size} from "
-            f"{len(texts[0]):,} sentences" if len(texts) == 1 else
-            f"a {args.tokenizer} vocabulary of {args.vocab_size} per language from "
-            f"{' and '.join(f'{len(t):,}' for t in texts)} sentences")
-    with elapsed_progress(f"Tokenizer: learning {what}"):
+    per_language = " per language" if len(texts) > 1 else ""
+    with elapsed_progress(f"Tokenizer: learning a {args.tokenizer} vocabulary of "
+                          f"{args.vocab_size}{per_language} from "
+                          f"{' and '.join(f'{len(t):,}' for t in texts)} sentences"):
         tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
                       for t in texts]
     run_dir.save_tokenizers(args.run_dir, tokenizers[0], tokenizers[-1])

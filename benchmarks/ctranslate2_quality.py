@@ -3,9 +3,10 @@
 Exports a run's `model.keras` with `export_ctranslate2` (fp32 and int8), then
 translates one test set with each: ours (`Translator`, beam search §6.1) and
 CTranslate2's `translate_batch`, greedy and beam 4. Reported per system: BLEU
-(sacreBLEU 13a, cased and lower-cased), exact match, sentences/s (2 threads, batch 32, the
+(sacreBLEU 13a, cased and lower-cased), exact match, sentences/s (batch 32, the
 test set's order, the second of two passes, so that neither pays compilation or
-start-up) and, for CTranslate2, how many of its output ids equal ours.
+start-up; CTranslate2 with `--threads` intra-op threads, 1 by default) and, for
+CTranslate2, how many of its output ids equal ours.
 
 Both search with the same limits (no minimum length, at most the source's
 tokens + EOS + 50 output tokens, §6.1). Beam search with a length penalty
@@ -13,7 +14,8 @@ cannot match by construction: ours divides by ((5 + |Y|) / 6)^α (Wu et al.,
 the paper's α = 0.6), CTranslate2 by |Y|^α. So beam 4 is run at α = 0 on both
 sides (where ids should match) and with each engine's own α = 0.6.
 
-    KERAS_BACKEND=jax python benchmarks/ctranslate2_quality.py                 # quickstart run
+    KERAS_BACKEND=jax python benchmarks/ctranslate2_quality.py              # quickstart run
+    KERAS_BACKEND=jax python benchmarks/ctranslate2_quality.py --threads 2  # 2 threads
     python benchmarks/ctranslate2_quality.py --run-dir RUN --sources S.txt --references R.txt
 """
 
@@ -30,7 +32,7 @@ BATCH = 32
 
 
 def ctranslate2_translate(model_dir, source_tokenizer, target_tokenizer, sentences, beam_size,
-                          length_penalty):
+                          length_penalty, threads=1):
     """(texts, ids, seconds): CTranslate2's translations, its ids without EOS."""
     import json
 
@@ -46,7 +48,7 @@ def ctranslate2_translate(model_dir, source_tokenizer, target_tokenizer, sentenc
         with open(os.path.join(model_dir, name)) as f:
             vocabularies.append(json.load(f))
     to_id = {token: i for i, token in enumerate(vocabularies[1])}
-    translator = ctranslate2.Translator(model_dir, device="cpu", intra_threads=2)
+    translator = ctranslate2.Translator(model_dir, device="cpu", intra_threads=threads)
     pieces = [[vocabularies[0][i] for i in ids] for ids in source_tokenizer.tokenize(sentences)]
     ids = [None] * len(pieces)
     start = time.perf_counter()
@@ -71,9 +73,14 @@ def main(argv=None):
                         "quickstart's test split, synthetic_translation(500, seed=3))")
     parser.add_argument("--references", help="test references, one per line")
     parser.add_argument("--limit", type=int, help="only the first N sentences")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CTranslate2's intra_threads (default 1: on this 2-core machine, "
+                        "in this process, 2 threads decoded 6-12x slower; RESULTS.md)")
     args = parser.parse_args(argv)
     if bool(args.sources) != bool(args.references):
         parser.error("--sources and --references go together")
+    if args.threads < 1:
+        parser.error("--threads must be positive")
 
     from keras_transformer import run_dir
     from keras_transformer.evaluation import bleu_scores
@@ -113,13 +120,15 @@ def main(argv=None):
                 for _ in range(2):  # the second pass is timed, as ours
                     texts, ids, seconds = ctranslate2_translate(
                         model_dir, source_tokenizer, target_tokenizer, sources, beam_size,
-                        penalty)
+                        penalty, args.threads)
                 same = sum(a == b for a, b in zip(ids, ours[label])) / len(ids)
                 rows.append((f"CTranslate2 {quantization or 'fp32'}", label, *score(texts),
                              len(sources) / seconds, f"{same:.1%}"))
                 common.progress(f"CTranslate2 {quantization or 'fp32'}, {label}: "
                                 f"{rows[-1][2]:.2f} BLEU")
-    print(f"\n{len(sources)} sentences, run {args.run_dir}, batch {BATCH}, 2 threads\n")
+    threads = f"{args.threads} thread" + "s" * (args.threads != 1)
+    print(f"\n{len(sources)} sentences, run {args.run_dir}, batch {BATCH}, CTranslate2 with "
+          f"{threads}\n")
     print("| system | search | BLEU | lower-cased BLEU | exact match | sentences/s | "
           "ids equal to ours |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

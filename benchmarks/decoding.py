@@ -27,10 +27,13 @@ time(32) of the cached search, and the uncached / cached time at 128.
 
 With `--ctranslate2`, the same model (same weights, the same EOS bias) is also
 converted with `keras_transformer.inference.ctranslate2_export.convert_model`, in
-fp32 and int8, and decoded by CTranslate2 (`translate_batch`, 2 threads, its
-own length penalty 0.6 for beam search, `min_decoding_length =
-max_decoding_length = n`) in a worker process that imports nothing else and
-times each call itself: the peer of issue 18, and the ratios ours / CTranslate2.
+fp32 and int8, and decoded by CTranslate2 (`translate_batch`, its own length
+penalty 0.6 for beam search, `min_decoding_length = max_decoding_length = n`)
+in worker processes that import nothing else and time each call themselves:
+the peer of issue 18, and the ratios ours / CTranslate2. Each quantization runs
+in the threading setting of `CTRANSLATE2_SETTINGS` (2 threads with MKL, 2 with
+CT2_USE_MKL=0, 1 thread) that decodes the shortest length fastest, so the peer
+is measured at its best on the machine.
 
 With `--saved-model`, the same model is also exported as a SavedModel
 (`export_saved_model`, once per search and length, with `max_output_length =
@@ -161,24 +164,32 @@ class _Vocabulary:
         return f"t{token_id}"
 
 
-# CTranslate2 decodes in a process of its own, which imports nothing else, so
+# CTranslate2 decodes in processes of its own, which import nothing else, so
 # that neither runtime's threads, thread settings or libraries reach the
-# other's. (On 2026-11-24 its speed moved up to 5x between runs: int8 greedy at
-# 32 tokens took 1.69 ms per token in the TensorFlow benchmark's process and
-# 8.3-9.2 ms elsewhere, in-process or standalone; the cause was not found.)
-# Protocol: one JSON line {"paths": {quantization: directory}, "pieces": ...},
-# then one line {"quantization", "n", "beam_size"} per call, answered with
-# {"ids", "seconds"}: the ids and the time translate_batch took there.
+# other's: one process per quantization, each holding one model. Its threading
+# is tried in the settings of CTRANSLATE2_SETTINGS, and each quantization keeps
+# the fastest (`CTranslate2Peer`). On this 2-core machine (2026-11-25, default
+# size, 32 tokens, ms per token greedy / beam 4), fp32 decoded in 7.4 / 10.4
+# with 2 threads and Intel MKL's GEMM (its default on this CPU), 2.1-2.3 /
+# 4.2-4.8 with 1 thread, and 1.3-1.9 / 3.0-3.5 with 2 threads and
+# CT2_USE_MKL=0, unless a second model was loaded in the same process (7.7 /
+# 10.7); int8 decoded in 6-8 / 9-10 with 2 threads in every setting tried and
+# 0.9-1.0 / 2.6-2.9 with 1 thread (RESULTS.md, "CTranslate2 at its best"). The
+# figures in RESULTS.md up to 2026-11-25 14:03 came from one process holding
+# both models with 2 threads, where its speed moved up to 5x between runs.
+# Protocol: one JSON line {"path", "pieces", "threads"}, then one line
+# {"n", "beam_size"} per call, answered with {"ids", "seconds"}: the ids and
+# the time translate_batch took there.
 _CTRANSLATE2_WORKER = """
 import json, sys, time
 import ctranslate2
 setup = json.loads(sys.stdin.readline())
-translators = {name: ctranslate2.Translator(path, device="cpu", intra_threads=2)
-               for name, path in setup["paths"].items()}
+translator = ctranslate2.Translator(setup["path"], device="cpu",
+                                    intra_threads=setup["threads"])
 for line in sys.stdin:
     call = json.loads(line)
     start = time.perf_counter()
-    outputs = translators[call["quantization"]].translate_batch(
+    outputs = translator.translate_batch(
         setup["pieces"], beam_size=call["beam_size"], length_penalty=0.6,
         min_decoding_length=call["n"], max_decoding_length=call["n"])
     seconds = time.perf_counter() - start
@@ -186,37 +197,81 @@ for line in sys.stdin:
     print(json.dumps({"ids": ids, "seconds": seconds}), flush=True)
 """
 
+# The threading settings CTranslate2 is tried in: name -> (environment, intra_threads).
+CTRANSLATE2_SETTINGS = {
+    "2 threads, MKL": ({}, 2),
+    "2 threads, CT2_USE_MKL=0": ({"CT2_USE_MKL": "0"}, 2),
+    "1 thread, MKL": ({}, 1),
+}
 
-class CTranslate2Peer:
-    """CTranslate2 decoding the same weights with exactly n new tokens, in a
-    worker process; `translate(quantization, n, beam_size)` returns the
-    (batch, n) ids and the seconds the worker measured."""
 
-    def __init__(self, model, source, directory, quantizations=("fp32", "int8")):
+class _CTranslate2Worker:
+    """One worker process: one CTranslate2 model in one threading setting."""
+
+    def __init__(self, path, pieces, environment, threads):
         import subprocess
 
-        paths = {quantization: convert_for_ctranslate2(model, directory, quantization)
-                 for quantization in quantizations}
-        pieces = [[f"t{i}" for i in row] for row in np.asarray(source).tolist()]
-        self.worker = subprocess.Popen([sys.executable, "-c", _CTRANSLATE2_WORKER],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._send({"paths": paths, "pieces": pieces})
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _CTRANSLATE2_WORKER], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env={**os.environ, **environment})
+        self._send({"path": path, "pieces": pieces, "threads": threads})
 
     def _send(self, message):
-        self.worker.stdin.write(json.dumps(message) + "\n")
-        self.worker.stdin.flush()
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
 
-    def translate(self, quantization, n, beam_size):
-        self._send({"quantization": quantization, "n": n, "beam_size": beam_size})
-        line = self.worker.stdout.readline()
+    def translate(self, n, beam_size):
+        self._send({"n": n, "beam_size": beam_size})
+        line = self.process.stdout.readline()
         if not line:
-            sys.exit("error: the CTranslate2 worker process ended (its error is above).")
+            sys.exit("error: a CTranslate2 worker process ended (its error is above).")
         answer = json.loads(line)
         return np.array(answer["ids"]), answer["seconds"]
 
     def close(self):
-        self.worker.stdin.close()
-        self.worker.wait()
+        self.process.stdin.close()
+        self.process.wait()
+
+
+class CTranslate2Peer:
+    """CTranslate2 decoding the same weights with exactly n new tokens, in
+    worker processes; `translate(quantization, n, beam_size)` returns the
+    (batch, n) ids and the seconds the worker measured.
+
+    Each quantization decodes in the threading setting of `settings` that
+    was fastest at greedy + beam search of `n` tokens (the second of two
+    calls each; the first loads and warms up); `calibration` holds those
+    times, `chosen` the settings kept. One worker runs at a time while they
+    are tried.
+    """
+
+    def __init__(self, model, source, directory, n, beam_size, quantizations=("fp32", "int8"),
+                 settings=CTRANSLATE2_SETTINGS):
+        paths = {quantization: convert_for_ctranslate2(model, directory, quantization)
+                 for quantization in quantizations}
+        pieces = [[f"t{i}" for i in row] for row in np.asarray(source).tolist()]
+        self.calibration = {quantization: {} for quantization in quantizations}
+        for quantization, path in paths.items():
+            for name, (environment, threads) in settings.items():
+                worker = _CTranslate2Worker(path, pieces, environment, threads)
+                try:
+                    for _ in range(2):
+                        seconds = sum(worker.translate(n, k)[1] for k in (1, beam_size))
+                finally:
+                    worker.close()
+                self.calibration[quantization][name] = seconds
+        self.chosen = {quantization: min(times, key=times.get)
+                       for quantization, times in self.calibration.items()}
+        self.workers = {quantization: _CTranslate2Worker(path, pieces,
+                                                         *settings[self.chosen[quantization]])
+                        for quantization, path in paths.items()}
+
+    def translate(self, quantization, n, beam_size):
+        return self.workers[quantization].translate(n, beam_size)
+
+    def close(self):
+        for worker in self.workers.values():
+            worker.close()
 
 
 def convert_for_ctranslate2(model, directory, quantization):
@@ -348,7 +403,12 @@ def main(argv=None):
         import tempfile
 
         peers_dir = tempfile.TemporaryDirectory(prefix="decoding-ctranslate2-")
-        peer = CTranslate2Peer(model, source, peers_dir.name)
+        peer = CTranslate2Peer(model, source, peers_dir.name, min(lengths), k)
+        for quantization, times in peer.calibration.items():
+            common.progress(f"CTranslate2 {quantization}: greedy + beam {k} at {min(lengths)} "
+                            "tokens, " + ", ".join(f"{name} {seconds:.3f} s"
+                                                   for name, seconds in times.items())
+                            + f": kept {peer.chosen[quantization]}")
         for quantization in ("fp32", "int8"):
             # These return (ids, seconds): the worker's own time.
             methods[f"greedy_ct2_{quantization}"] = \
@@ -414,6 +474,8 @@ def main(argv=None):
         same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_ct2_fp32", n]))
                 for n in lengths]
         summary["greedy_ct2_fp32_matches_cached"] = min(same)
+        summary["ctranslate2_settings"] = dict(peer.chosen)
+        summary["ctranslate2_calibration_seconds"] = peer.calibration
         common.progress(f"  greedy: CTranslate2 fp32 tokens equal to ours: {min(same):.1%}")
     if args.saved_model:
         same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_saved_model", n]))

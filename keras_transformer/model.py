@@ -198,7 +198,7 @@ class Transformer(keras.Model):
             return x, source_mask, scores
         return x, source_mask
 
-    def initial_cache(self, encoder_outputs, max_length):
+    def initial_cache(self, encoder_outputs, max_length, beam_size=1):
         """The key/value cache of incremental decoding (§6.1), for one batch.
 
         The one description of the cache layout: a dict with
@@ -212,6 +212,12 @@ class Transformer(keras.Model):
           (batch, S, num_heads * key_dim) and (batch, S, num_heads *
           value_dim), computed here once and read at every step.
 
+        With `beam_size` k > 1 (beam search), the self-attention caches have
+        batch * k rows, the hypotheses of sentence b at rows b * k ... b * k +
+        k - 1, and the cross-attention caches keep one row per sentence, which
+        its k rows share: `decode` then takes batch * k target rows and the
+        (batch, S) source mask.
+
         The heads lie side by side in the last axis, as the decoding step
         reads them (`MultiHeadAttention.initial_cache` says why).
 
@@ -222,11 +228,13 @@ class Transformer(keras.Model):
             encoder_outputs: (batch, S, d_model) from `encode`.
             max_length: Positions the self-attention caches have room for: the
                 decoder input's length, BOS included.
+            beam_size: Decoder rows per sentence, sharing its cross-attention
+                rows.
 
         Returns:
             The cache dict, for `decode(..., cache=..., cache_update_index=...)`.
         """
-        caches = [block.initial_cache(encoder_outputs, max_length)
+        caches = [block.initial_cache(encoder_outputs, max_length, beam_size)
                   for block in self.decoder_blocks]
         return {"self": [c["self"] for c in caches], "cross": [c["cross"] for c in caches]}
 

@@ -186,6 +186,25 @@ def test_reordered_cache_decodes_as_the_reordered_batch():
     np.testing.assert_allclose(to_numpy(logits)[:, 0], full[:, 2], atol=1e-5)
 
 
+def test_beam_cache_shares_each_sentences_cross_attention_rows():
+    model = tiny_model()
+    inputs = batch()
+    encoded, source_mask = model.encode(inputs["source"])
+    cache = model.initial_cache(encoded, max_length=5, beam_size=3)
+    assert tuple(cache["self"][0][0].shape)[0] == 6  # one row per beam
+    assert tuple(cache["cross"][0][0].shape)[0] == 2  # one row per sentence
+    # Beams 3b..3b+2 of sentence b decode as sentence b's rows would: the
+    # target of every beam is its sentence's.
+    targets = np.repeat(inputs["target"], 3, axis=0)
+    targets[:, 3:] = 7  # decoding never pads the target
+    full = logits_of(model, {"source": np.repeat(inputs["source"], 3, axis=0),
+                             "target": targets})
+    for index in range(5):
+        logits, cache = model.decode(targets[:, index : index + 1], None, source_mask,
+                                     cache=cache, cache_update_index=index)
+        np.testing.assert_allclose(to_numpy(logits)[:, 0], full[:, index], atol=1e-5)
+
+
 def test_decode_returns_attention_weights_per_block():
     model = tiny_model()
     inputs = batch()

@@ -79,7 +79,10 @@ class MultiHeadAttention(keras.layers.Layer):
             values of this call's positions are written into it at that index
             (self-attention decoding). Without it, the cache holds precomputed
             keys and values and `key`/`value` are ignored (cross-attention
-            decoding).
+            decoding); for one query position its batch may then divide the
+            query's, each cache row shared by that many consecutive query
+            rows (the beams of a sentence, `Transformer.initial_cache`), with
+            `key_padding_mask` per cache row.
         cache_update_index: int scalar, the position of `query[:, 0]`.
         return_attention_scores: Whether to return the attention weights too.
         training: Whether attention dropout is active.
@@ -264,7 +267,12 @@ class MultiHeadAttention(keras.layers.Layer):
             q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
         )
         if cache is not None and q.shape[1] == 1 and not (training and self._dropout_rate > 0):
-            attention_output, scores = self._single_query_attention(q, k, v, mask)
+            # A precomputed cache may hold one row per group of query rows
+            # (the beams of a sentence); equal known batch sizes take the
+            # simpler path.
+            shared = cache_update_index is None and not (
+                q.shape[0] is not None and q.shape[0] == k.shape[0])
+            attention_output, scores = self._single_query_attention(q, k, v, mask, shared)
         else:
             if cache is not None:
                 k, v = self._split_heads(k), self._split_heads(v)
@@ -351,46 +359,69 @@ class MultiHeadAttention(keras.layers.Layer):
         output = ops.einsum("bnts,bsnh->btnh", ops.cast(dropped, value.dtype), value)
         return output, weights
 
-    def _single_query_attention(self, query, key, value, mask):
+    def _single_query_attention(self, query, key, value, mask, shared=False):
         """Eq. (1) for one query position against a cache: the decoding step.
 
         The general path's einsums put the heads outside before multiplying,
         which copies all S cached keys and values into that order at every
         step: the per-token cost grew with the cache (benchmarks/decoding.py).
-        Here keys and values are read in their (batch, S, heads·width) layout
-        by two batched matrix products against block-diagonal operands: the
-        query spread so that column n holds head n's query in head n's rows,
-        and the weights multiplied into every head's values, of which each
-        head keeps its own block. That is `heads` times the multiply-adds of
-        the matrix-vector products, on data read once, without transposes.
+        Here keys and values are read in their (batch, S, heads·width) layout,
+        without transposes. The logits are one batched matrix product against
+        a block-diagonal operand: the query spread so that column n holds
+        head n's query in head n's rows (`heads` times the multiply-adds of
+        the matrix-vector products, on data read once). The output is each
+        head's weighted sum of its values, a product and a sum over S that
+        XLA fuses into one pass over the cache; as a matrix product against
+        the block-diagonal weights, a step took 1.05-1.10x as long (JAX;
+        benchmarks/RESULTS.md, "The decoding step's attention").
+
+        With `shared`, a cache row serves the group of consecutive query rows
+        that reads it, and its logits are one product for the whole group.
 
         Args:
             query: (batch, 1, num_heads, key_dim).
             key: (batch, S, num_heads * key_dim), the cache's layout.
             value: (batch, S, num_heads * value_dim).
             mask: (batch or 1, 1, 1, S) bool, True where attention is allowed.
+            shared: Whether the cache's batch may divide the query's (then
+                `batch` above is the cache's, and the query has a multiple).
 
         Returns:
-            (batch, 1, num_heads, value_dim) outputs and the (batch, num_heads,
-            1, S) float32 attention weights.
+            (query batch, 1, num_heads, value_dim) outputs and the (query
+            batch, num_heads, 1, S) float32 attention weights.
         """
-        batch = ops.shape(key)[0]
+        rows, length = ops.shape(key)[0], ops.shape(key)[1]
         heads, key_dim, value_dim = self._num_heads, self._key_dim, self._value_dim
         dtype = key.dtype
         query = ops.cast(query, dtype) * ops.cast(1.0 / math.sqrt(key_dim), dtype)
+        if shared:  # (rows, heads, key_dim, groups): the queries of each cache row
+            query = ops.transpose(ops.reshape(query, (rows, -1, heads, key_dim)), (0, 2, 3, 1))
+        else:
+            query = query[:, 0, :, :, None]
         blocks = ops.eye(heads, dtype=dtype)
-        # (batch, heads·key_dim, heads): query[b, 0, n, h] at row n·key_dim + h, column n.
-        spread = ops.reshape(
-            query[:, 0, :, :, None] * blocks[None, :, None, :], (batch, heads * key_dim, heads)
-        )
-        logits = ops.cast(ops.matmul(key, spread), "float32")  # (batch, S, heads)
+        # (rows, heads·key_dim, groups·heads): query g of head n in rows
+        # n·key_dim + h of column g·heads + n, zeros elsewhere.
+        spread = ops.reshape(query[..., None] * blocks[None, :, None, None, :],
+                             (rows, heads * key_dim, -1))
+        logits = ops.cast(ops.matmul(key, spread), "float32")  # (rows, S, groups·heads)
         if mask is not None:
             logits = ops.where(mask[:, 0, 0, :, None], logits, _MASKED_LOGIT)
-        weights = ops.transpose(ops.softmax(logits, axis=1), (0, 2, 1))  # (batch, heads, S)
-        mixed = ops.matmul(ops.cast(weights, value.dtype), value)  # (batch, heads, heads·d_v)
-        mixed = ops.reshape(mixed, (batch, heads, heads, value_dim))
-        output = ops.sum(mixed * ops.cast(blocks, value.dtype)[None, :, :, None], axis=2)
-        return output[:, None], weights[:, :, None, :]
+        weights = ops.softmax(logits, axis=1)
+        # Summed in float32, as a matrix product accumulates in mixed precision.
+        values = ops.cast(value, "float32")
+        if shared:
+            weights = ops.reshape(weights, (rows, length, -1, heads))
+            values = ops.reshape(values, (rows, length, 1, heads, value_dim))
+            output = ops.sum(values * weights[..., None], axis=1)  # (rows, groups, heads, d_v)
+            weights = ops.transpose(weights, (0, 2, 3, 1))  # (rows, groups, heads, S)
+        else:
+            # Without the groups axis: XLA's fusion of the 5-axis sum took
+            # 4x as long as this one for the self-attention cache.
+            values = ops.reshape(values, (rows, length, heads, value_dim))
+            output = ops.sum(values * weights[..., None], axis=1)  # (rows, heads, d_v)
+            weights = ops.transpose(weights, (0, 2, 1))  # (rows, heads, S)
+        return (ops.reshape(ops.cast(output, value.dtype), (-1, 1, heads, value_dim)),
+                ops.reshape(weights, (-1, heads, 1, length)))
 
     def get_config(self):
         config = super().get_config()

@@ -240,19 +240,22 @@ class DecoderBlock(_Block):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
-    def initial_cache(self, encoder_outputs, length):
+    def initial_cache(self, encoder_outputs, length, beam_size=1):
         """The caches of incremental decoding for this block.
 
         Args:
             encoder_outputs: (batch, S, d_model) output of the encoder stack.
             length: Positions the self-attention cache has room for.
+            beam_size: Decoder rows per row of `encoder_outputs`: the
+                self-attention cache has `beam_size` times as many rows, and
+                consecutive groups of them share a cross-attention row.
 
         Returns:
             A dict: "self", the empty self-attention `(keys, values)`, and
             "cross", the encoder-decoder attention's keys and values of
             `encoder_outputs`, projected once for every decoding step.
         """
-        batch_size = ops.shape(encoder_outputs)[0]
+        batch_size = ops.shape(encoder_outputs)[0] * beam_size
         return {
             "self": self.self_attention.initial_cache(batch_size, length),
             "cross": self.cross_attention.precompute_cache(encoder_outputs),

@@ -205,6 +205,27 @@ def test_one_query_against_a_cache_matches_numpy(dtype):
     assert np.all(to_numpy(weights)[1, :, :, 3:] == 0)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "mixed_float16"])
+@pytest.mark.parametrize("value_dim", [4, 6], ids=["d_v=d_k", "d_v!=d_k"])
+def test_cross_cache_shared_by_groups_of_queries_matches_numpy(value_dim, dtype):
+    # Beam search keeps one cross-attention row per sentence for its beams:
+    # query rows 3b..3b+2 read cache row b.
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=value_dim, dtype=dtype)
+    query, memory = random(6, 1, 8), random(2, 5, 8)
+    padding = np.array([[True] * 5, [True, True, True, False, False]])
+    layer(query, random(6, 5, 8))  # builds the layer
+    output, _, weights = layer(query, cache=layer.precompute_cache(memory),
+                               key_padding_mask=padding, return_attention_scores=True)
+    repeated = np.repeat(memory, 3, axis=0)
+    expected, expected_weights = numpy_multi_head(
+        layer, query, repeated, np.repeat(padding, 3, axis=0)[:, None, :])
+    tolerance = 1e-5 if dtype == "float32" else 5e-2
+    assert tuple(output.shape) == (6, 1, 8) and tuple(weights.shape) == (6, 2, 1, 5)
+    np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=tolerance)
+    np.testing.assert_allclose(to_numpy(output).astype("float32"), expected, atol=tolerance)
+    assert np.all(to_numpy(weights)[3:, :, :, 3:] == 0)
+
+
 @pytest.mark.parametrize("value_dim", [4, 6], ids=["d_v=d_k", "d_v!=d_k"])
 def test_precomputed_cross_attention_cache_matches_direct_call(value_dim):
     layer = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=value_dim)

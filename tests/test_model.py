@@ -205,6 +205,14 @@ def test_beam_cache_shares_each_sentences_cross_attention_rows():
         np.testing.assert_allclose(to_numpy(logits)[:, 0], full[:, index], atol=1e-5)
 
 
+@pytest.mark.parametrize("beam_size", [0, 2.5, "4"])
+def test_bad_beam_size_for_the_cache_is_explained(beam_size):
+    model = tiny_model()
+    encoded, _ = model.encode(batch()["source"])
+    with pytest.raises(ValueError, match="beam_size"):
+        model.initial_cache(encoded, max_length=5, beam_size=beam_size)
+
+
 def test_decode_returns_attention_weights_per_block():
     model = tiny_model()
     inputs = batch()

@@ -226,6 +226,14 @@ def test_cross_cache_shared_by_groups_of_queries_matches_numpy(value_dim, dtype)
     assert np.all(to_numpy(weights)[3:, :, :, 3:] == 0)
 
 
+def test_cross_cache_whose_batch_does_not_divide_the_querys_is_explained():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    query, memory = random(5, 1, 8), random(2, 5, 8)
+    layer(query, random(5, 5, 8))  # builds the layer
+    with pytest.raises(ValueError, match="not a multiple"):
+        layer(query, cache=layer.precompute_cache(memory))
+
+
 @pytest.mark.parametrize("value_dim", [4, 6], ids=["d_v=d_k", "d_v!=d_k"])
 def test_precomputed_cross_attention_cache_matches_direct_call(value_dim):
     layer = MultiHeadAttention(num_heads=2, key_dim=4, value_dim=value_dim)

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer import backend, validation
+from keras_transformer import backend
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
 from keras_transformer.layers.embedding import (
@@ -234,7 +234,6 @@ class Transformer(keras.Model):
         Returns:
             The cache dict, for `decode(..., cache=..., cache_update_index=...)`.
         """
-        beam_size = validation.check_positive_int("beam_size", beam_size, "1 for greedy search")
         caches = [block.initial_cache(encoder_outputs, max_length, beam_size)
                   for block in self.decoder_blocks]
         return {"self": [c["self"] for c in caches], "cross": [c["cross"] for c in caches]}

@@ -270,10 +270,9 @@ class MultiHeadAttention(keras.layers.Layer):
             # A precomputed cache may hold one row per group of query rows
             # (the beams of a sentence); equal known batch sizes take the
             # simpler path.
-            shared = cache_update_index is None and not (
-                q.shape[0] is not None and q.shape[0] == k.shape[0])
-            if shared and q.shape[0] is not None and k.shape[0] is not None \
-                    and q.shape[0] % k.shape[0]:
+            known = q.shape[0] is not None and k.shape[0] is not None
+            shared = cache_update_index is None and not (known and q.shape[0] == k.shape[0])
+            if shared and known and q.shape[0] % k.shape[0]:
                 raise ValueError(
                     f"The query's batch ({q.shape[0]}) is not a multiple of the "
                     f"cross-attention cache's ({k.shape[0]}): a cache row is shared by "

@@ -255,6 +255,7 @@ class DecoderBlock(_Block):
             "cross", the encoder-decoder attention's keys and values of
             `encoder_outputs`, projected once for every decoding step.
         """
+        beam_size = validation.check_positive_int("beam_size", beam_size, "1 for greedy search")
         batch_size = ops.shape(encoder_outputs)[0] * beam_size
         return {
             "self": self.self_attention.initial_cache(batch_size, length),

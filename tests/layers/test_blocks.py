@@ -133,6 +133,14 @@ def test_cache_without_index_is_an_error():
               self_attention_cache=(ops.zeros((1, 3, 2, 4)), ops.zeros((1, 3, 2, 4))))
 
 
+@pytest.mark.parametrize("beam_size", [0, -2, 1.5])
+def test_decoder_block_cache_checks_beam_size(beam_size):
+    block = DecoderBlock(num_heads=2, d_ff=16)
+    block(random(1, 1, 8), random(1, 2, 8))
+    with pytest.raises(ValueError, match="beam_size"):
+        block.initial_cache(random(1, 2, 8), 4, beam_size=beam_size)
+
+
 def test_indivisible_d_model_names_the_values():
     with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=4"):
         EncoderBlock(num_heads=4, d_ff=16)(random(1, 2, 10))

@@ -98,16 +98,25 @@ def test_small_model_learns_to_reverse_sequences():
     assert results["token_accuracy"] >= 0.95, results
 
 
-@pytest.mark.parametrize("where", ["source", "target", "labels"])
-def test_out_of_range_ids_in_a_dataset_stop_fit_before_any_update(where):
-    """Inside a compiled step an id past the vocabulary reads NaN (JAX) or is
-    clamped (XLA): fit checks each batch first, on every backend."""
-    import tensorflow as tf
-
+@pytest.fixture(scope="module")
+def trained_on_16_ids():
+    """One tiny model for the three out-of-range cases: each compiles no new
+    step (under TensorFlow an XLA compilation is most of a case's time)."""
     model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=16))
     compile_model(model, learning_rate=1e-3)
     inputs, labels = reverse_task(64, seed=5)
     model.fit(inputs, labels, batch_size=16, epochs=1, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize("where", ["source", "target", "labels"])
+def test_out_of_range_ids_in_a_dataset_stop_fit_before_any_update(where, trained_on_16_ids):
+    """Inside a compiled step an id past the vocabulary reads NaN (JAX) or is
+    clamped (XLA): fit checks each batch first, on every backend."""
+    import tensorflow as tf
+
+    model = trained_on_16_ids
+    inputs, labels = reverse_task(64, seed=5)
     before = [keras.ops.convert_to_numpy(w) for w in model.weights]
     if where == "labels":
         labels[3, 1] = 16

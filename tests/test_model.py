@@ -170,6 +170,34 @@ def test_cached_decoding_matches_full(overrides):
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 
 
+@pytest.mark.parametrize("change", ["int8", "lora"])
+def test_quantized_and_lora_models_decode_with_the_cache_as_in_the_full_pass(change):
+    """The decoding step reads the attention projections through their layers
+    when they are quantized or carry LoRA weights (torch's matmul shortcut
+    applies only to plain layers)."""
+    model = tiny_model()
+    inputs = batch()
+    inputs["target"][1, 3:] = 7
+    model(inputs)
+    if change == "int8":
+        model.quantize("int8")
+    else:
+        rng = np.random.default_rng(1)
+        for layer in model._flatten_layers():
+            if isinstance(layer, keras.layers.EinsumDense):
+                layer.enable_lora(2)
+                layer.lora_kernel_b.assign(rng.normal(size=layer.lora_kernel_b.shape))
+    full = logits_of(model, inputs)
+    encoded, source_mask = model.encode(inputs["source"])
+    cache = model.initial_cache(encoded, max_length=5)
+    steps = []
+    for index in range(5):
+        logits, cache = model.decode(inputs["target"][:, index : index + 1], None,
+                                     source_mask, cache=cache, cache_update_index=index)
+        steps.append(to_numpy(logits))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-4)
+
+
 def test_reordered_cache_decodes_as_the_reordered_batch():
     model = tiny_model()
     inputs = batch()

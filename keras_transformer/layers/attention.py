@@ -247,12 +247,13 @@ class MultiHeadAttention(keras.layers.Layer):
         value = query if value is None else value
         key = value if key is None else key
 
-        q = self.query_dense(query)
+        step = cache is not None and not training
+        q = self._project(self.query_dense, query, step)
         if cache is not None and cache_update_index is None:
             k, v = cache
         else:
-            k = self.key_dense(key)
-            v = self.value_dense(value)
+            k = self._project(self.key_dense, key, step)
+            v = self._project(self.value_dense, value, step)
             if cache is not None:
                 # Keys and values are two tensors, so d_k and d_v may differ,
                 # and a loop that carries them updates each one in place.
@@ -285,12 +286,46 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_output, scores = self._compute_attention(
                 q, k, v, mask, return_attention_scores, training
             )
-        outputs = [self.output_dense(attention_output)]
+        outputs = [self._project(self.output_dense, attention_output, step)]
         if cache is not None:
             outputs.append(cache)
         if return_attention_scores:
             outputs.append(scores)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @staticmethod
+    def _project(dense, inputs, step):
+        """`dense(inputs)`, one of the four projections (`EinsumDense`).
+
+        In a decoding `step` under torch, a plain layer (not quantized, no
+        LoRA) runs as one `matmul` against its kernel seen as a matrix:
+        torch runs the layer's einsum as permutes around a batched product,
+        which took 1.4x as long per call as the matmul in a traced step, and
+        a greedy step 1.07x as long (benchmarks/RESULTS.md, "torch's
+        projections in the decoding step"). The layer stays a Keras
+        `EinsumDense`, so `quantize` and LoRA still apply to it.
+
+        Args:
+            dense: `query_dense`, `key_dense` or `value_dense`, taking
+                (batch, T, d) to (batch, T, num_heads, width), or
+                `output_dense`, taking (batch, T, num_heads, width) to
+                (batch, T, d_out).
+            inputs: Its input.
+            step: Whether this is a cached decoding step (no training).
+        """
+        if not step or keras.backend.backend() != "torch" or dense.lora_enabled \
+                or dense.quantization_mode is not None:
+            return dense(inputs)
+        kernel = dense.kernel
+        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        if len(inputs.shape) == 4:  # output_dense, its kernel (n, h, d)
+            outputs = ops.matmul(ops.reshape(inputs, (batch, length, -1)),
+                                 ops.reshape(kernel, (-1, kernel.shape[-1])))
+        else:  # query, key, value: kernel (d, n, h)
+            outputs = ops.reshape(
+                ops.matmul(inputs, ops.reshape(kernel, (kernel.shape[0], -1))),
+                (batch, length, *kernel.shape[1:]))
+        return outputs if dense.bias is None else outputs + dense.bias
 
     def _merge_masks(
         self, q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index

@@ -28,6 +28,21 @@ def logits_of(model, inputs):
     return to_numpy(model(inputs, training=False))
 
 
+def step_by_step_logits(model, inputs):
+    """(batch, T, vocab) logits of `inputs["target"]` decoded one position at a
+    time with the cache."""
+    encoded, source_mask = model.encode(inputs["source"])
+    length = inputs["target"].shape[1]
+    cache = model.initial_cache(encoded, max_length=length)
+    steps = []
+    for index in range(length):
+        # The cache holds the encoder's keys and values: no encoder output needed.
+        logits, cache = model.decode(inputs["target"][:, index : index + 1], None,
+                                     source_mask, cache=cache, cache_update_index=index)
+        steps.append(to_numpy(logits))
+    return np.concatenate(steps, 1)
+
+
 def test_returns_float32_logits_over_the_target_vocabulary():
     model = tiny_model()
     logits = model(batch())
@@ -158,16 +173,8 @@ def test_cached_decoding_matches_full(overrides):
     model = tiny_model(**overrides)
     inputs = batch()
     inputs["target"][1, 3:] = 7  # decoding never pads the target
-    full = logits_of(model, inputs)
-    encoded, source_mask = model.encode(inputs["source"])
-    cache = model.initial_cache(encoded, max_length=5)
-    steps = []
-    for index in range(5):
-        # The cache holds the encoder's keys and values: no encoder output needed.
-        logits, cache = model.decode(inputs["target"][:, index : index + 1], None,
-                                     source_mask, cache=cache, cache_update_index=index)
-        steps.append(to_numpy(logits))
-    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+    np.testing.assert_allclose(step_by_step_logits(model, inputs), logits_of(model, inputs),
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("change", ["int8", "lora"])
@@ -187,15 +194,8 @@ def test_quantized_and_lora_models_decode_with_the_cache_as_in_the_full_pass(cha
             if isinstance(layer, keras.layers.EinsumDense):
                 layer.enable_lora(2)
                 layer.lora_kernel_b.assign(rng.normal(size=layer.lora_kernel_b.shape))
-    full = logits_of(model, inputs)
-    encoded, source_mask = model.encode(inputs["source"])
-    cache = model.initial_cache(encoded, max_length=5)
-    steps = []
-    for index in range(5):
-        logits, cache = model.decode(inputs["target"][:, index : index + 1], None,
-                                     source_mask, cache=cache, cache_update_index=index)
-        steps.append(to_numpy(logits))
-    np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-4)
+    np.testing.assert_allclose(step_by_step_logits(model, inputs), logits_of(model, inputs),
+                               atol=1e-4)
 
 
 def test_reordered_cache_decodes_as_the_reordered_batch():

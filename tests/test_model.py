@@ -179,9 +179,10 @@ def test_cached_decoding_matches_full(overrides):
 
 @pytest.mark.parametrize("change", ["int8", "lora"])
 def test_quantized_and_lora_models_decode_with_the_cache_as_in_the_full_pass(change):
-    """The decoding step reads the attention projections through their layers
-    when they are quantized or carry LoRA weights (torch's matmul shortcut
-    applies only to plain layers)."""
+    """A quantized model and one with LoRA weights decode with the cache as in
+    the full pass. torch's matmul shortcut for the projections must leave a
+    quantized layer to its own call: it would read the int8 kernel as floats.
+    (Keras's `kernel` includes the LoRA update, so LoRA is right either way.)"""
     model = tiny_model()
     inputs = batch()
     inputs["target"][1, 3:] = 7

@@ -226,33 +226,26 @@ def report(results, backends, args, started):
     return "\n".join(parts)
 
 
-# Sections of RESULTS.md that other scripts' runs write (by hand, from their
-# printed tables); a run of this script keeps them.
-KEPT_SECTIONS = ("## Id checks in `Transformer.fit` (benchmarks/id_check.py)",
-                 "## Decoding against CTranslate2 on the same weights (benchmarks/decoding.py --ctranslate2)",
-                 "## Decoding after the cache fixes: phases and the (batch, S, heads·width) layout "
-                 "(2026-11-24, 20:00)",
-                 "## Decoding against CTranslate2 under TensorFlow, and the exported SavedModel "
-                 "(2026-11-24, 20:41)",
-                 "## Decoding on JAX and torch against CTranslate2 in its own process "
-                 "(2026-11-24, 21:25–21:33)",
-                 "## Keras int8 weight quantization (benchmarks/quantize.py, 2026-11-24)",
-                 "## CTranslate2 export: quality and speed (benchmarks/ctranslate2_quality.py)",
-                 "## Serving (benchmarks/serving.py)")
+# The sections this script writes, and the analysis written by hand for its
+# previous run (stale once it runs again). Every other `## ` section of
+# RESULTS.md was written from another script's run (by hand, from its printed
+# tables) and a run of this script keeps it, in its place in the order.
+WRITTEN_SECTIONS = ("## Targets", "## Matmul rate (float32)", "## Training throughput",
+                    "## Decoding: ms per new token (seconds per batch)", "## GPU",
+                    "## Runs that failed",
+                    "## Analysis of the targets (written by hand for the run above)")
 
 
 def _kept_sections(path):
-    """The KEPT_SECTIONS of the report at `path`, each up to the next `## `."""
+    """The sections of the report at `path` that this script does not write,
+    each from its `## ` title up to the next."""
     if not os.path.exists(path):
         return ""
     with open(path) as file:
         text = file.read()
-    kept = []
-    for title in KEPT_SECTIONS:
-        start = text.find(title + "\n")
-        if start >= 0:
-            end = text.find("\n## ", start + len(title))
-            kept.append(text[start:] if end < 0 else text[start:end + 1])
+    sections = text.split("\n## ")[1:]  # the text before the first is the header
+    kept = ["## " + section for section in sections
+            if section.split("\n", 1)[0] not in {t[3:] for t in WRITTEN_SECTIONS}]
     return "".join("\n" + section.rstrip("\n") + "\n" for section in kept)
 
 

@@ -41,11 +41,14 @@ FLOP_FORMULA = (
     " matmuls only, 2 FLOPs per multiply-add"
 )
 
-# The sizes of issue 6. "quick" is only for checking that the scripts run.
+# The sizes of issue 6, and the paper's base and big models (issue 21's GPU
+# runs). "quick" is only for checking that the scripts run.
 SIZES = {
     "default": {"num_layers": 3, "d_model": 256, "num_heads": 4, "d_ff": 1024, "vocab_size": 8000},
     "large": {"num_layers": 3, "d_model": 512, "num_heads": 8, "d_ff": 2048, "vocab_size": 8000},
     "quick": {"num_layers": 1, "d_model": 32, "num_heads": 4, "d_ff": 64, "vocab_size": 200},
+    "base": {"num_layers": 6, "d_model": 512, "num_heads": 8, "d_ff": 2048, "vocab_size": 37000},
+    "big": {"num_layers": 6, "d_model": 1024, "num_heads": 16, "d_ff": 4096, "vocab_size": 37000},
 }
 
 # The special ids of the benchmarks' random data: those of the project's tokenizers.

@@ -22,8 +22,9 @@ The length is forced: the end-of-sentence id gets an output bias of -1e9, so
 no hypothesis ever ends and every run produces exactly n tokens. The weights
 are random (speed does not depend on them). Each (method, n) is run once to
 compile, then timed `--repeats` times (median). Reported: seconds per batch,
-milliseconds per new token (per step, whole batch), the ratio time(256) /
-time(32) of the cached search, and the uncached / cached time at 128.
+sentences per second, milliseconds per new token (per step, whole batch), the
+ratio time(256) / time(32) of the cached search, and the uncached / cached time
+at 128.
 
 With `--ctranslate2`, the same model (same weights, the same EOS bias) is also
 converted with `keras_transformer.inference.ctranslate2_export.convert_model`, in
@@ -46,6 +47,7 @@ traces the search for unknown widths and keeps one phase.
     KERAS_BACKEND=jax python benchmarks/decoding.py --no-uncached --ctranslate2
     KERAS_BACKEND=tensorflow python benchmarks/decoding.py --no-uncached --ctranslate2 --saved-model
     KERAS_BACKEND=torch python benchmarks/decoding.py --batch-size 1 --lengths 32,128
+    KERAS_BACKEND=jax python benchmarks/decoding.py --config base --batch-size 64 --lengths 32,64 --no-uncached
 """
 
 import argparse
@@ -445,7 +447,8 @@ def main(argv=None):
             outputs[method, n] = tokens
             seconds[method][str(n)] = common.median(times)
             common.progress(f"  {method:<16} {n:>4} tokens: {common.median(times):8.3f} s, "
-                            f"{common.median(times) / n * 1e3:7.2f} ms/token "
+                            f"{common.median(times) / n * 1e3:7.2f} ms/token, "
+                            f"{args.batch_size / common.median(times):8.1f} sentences/s "
                             f"(compilation run {first_s:.2f} s)")
 
     first, last = str(lengths[0]), str(lengths[-1])
@@ -498,6 +501,8 @@ def main(argv=None):
         "bucket": args.bucket, "seconds": seconds,
         "ms_per_token": {method: {n: s / int(n) * 1e3 for n, s in by_length.items()}
                          for method, by_length in seconds.items()},
+        "sentences_per_s": {method: {n: args.batch_size / s for n, s in by_length.items()}
+                            for method, by_length in seconds.items()},
         "summary": summary, "quick": args.quick,
     })
 

@@ -1,32 +1,57 @@
-"""Training throughput on a GPU (§5.2 Hardware and Schedule): the paper's base
-model in mixed_bfloat16 with fused attention, as tokens/s and model FLOPs
-utilization (MFU).
+"""Training on a GPU with `model.fit` in mixed precision (§5.2 Hardware and
+Schedule): tokens/s, model FLOPs utilization (MFU), peak GPU memory, the loss
+over the run, and which attention kernel ran.
 
-Trains `TransformerConfig.base` (N=6, d_model 512, 8 heads, d_ff 2048, vocab
-37000; `--config big` for the big model) on a random batch with
-`model.train_on_batch`, `paper_adam` and label smoothing, `jit_compile` left at
-Keras's default. Attention goes through `keras.ops.dot_product_attention`
-(cuDNN / flash kernels) because the base config has no attention dropout;
-`--flash-attention on|off` forces Keras's flash-attention switch. Reported:
-target tokens/s after warm-up, the median step time, peak GPU memory (the
-backend's own allocator statistics) and, with `--peak-tflops`, MFU = achieved
-model FLOP/s / peak, with the FLOP formula of `common.py` (matmuls only, 3 ×
-forward). Give the accelerator's dense peak for the precision you run (bf16 for
-mixed_bfloat16), from its datasheet.
+Trains `TransformerConfig.base` (N=6, d_model 512, 8 heads, d_ff 2048, shared
+vocabulary of 37000; `--config big` for the big model) with `model.fit`,
+`paper_adam` and label smoothing 0.1, on batches of about 25,000 source and
+25,000 target tokens as in the paper (`--tokens-per-batch`, `--length`). The
+data is synthetic and learnable: a copy task whose ids follow a Zipf law over
+the vocabulary, so the loss must fall from about ln(37000) = 10.5 within the
+run. The last row of every batch is all padding, source and target, as a batch
+filled up to a fixed size would be: the masks' fully padded rows are exercised
+in every step (under mixed_float16 too).
 
-Without a GPU visible to the current backend it prints why and exits with
-status 0 and a JSON line marked "skipped".
+`fit` runs `--steps` optimizer steps in windows of `--window` steps (Keras
+epochs); the end of a window reads the loss back, which waits for the device.
+Reported: the median window's target tokens/s (padding excluded) after the
+first window (which compiles), the time of the first window, TFLOP/s with the
+FLOP formula of `common.py` (matmuls only, 3 × forward, over the batch's whole
+shape) and MFU against `--peak-tflops` (the chip's dense peak for the precision
+you run: 989 for bf16/fp16 on an H100 or H200 SXM, from NVIDIA's datasheet),
+the backend allocator's peak GPU memory, and each window's mean loss.
 
-    KERAS_BACKEND=jax python benchmarks/gpu.py --peak-tflops PEAK
-    KERAS_BACKEND=torch python benchmarks/gpu.py --precision float32 --peak-tflops PEAK
+`--check-attention` says which kernel eq. (1) ran on: under JAX it lowers the
+gradient of the training loss and counts cuDNN fused-attention custom calls
+(`__cudnn$fmha*`) in it; under torch it profiles one training step and lists
+the attention kernels that ran on the GPU. Under TensorFlow it says that Keras
+has no fused kernel for that backend.
+
+Without a GPU visible to the backend it prints why and exits with status 0 and a
+JSON line marked "skipped" (`--allow-cpu` runs it anyway, to check the script).
+
+    KERAS_BACKEND=jax python benchmarks/gpu.py --peak-tflops 989 --check-attention
+    KERAS_BACKEND=torch python benchmarks/gpu.py --precision mixed_float16 --peak-tflops 989
+    KERAS_BACKEND=jax python benchmarks/gpu.py --config big --peak-tflops 989
 """
 
 import argparse
+import math
 import os
+import re
 import sys
+import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
+
+# cuDNN's fused attention in an XLA graph: a custom call named __cudnn$fmha...
+JAX_FUSED_ATTENTION = re.compile(r"__cudnn\$fmha\w*")
+# The names torch gives its fused attention kernels (flash, memory-efficient, cuDNN).
+TORCH_ATTENTION_KERNEL = re.compile(r"flash|fmha|efficient_attention|cudnn.*attention|"
+                                    r"attention.*cudnn|sdpa", re.IGNORECASE)
 
 
 def gpu_devices(backend):
@@ -57,10 +82,92 @@ def peak_memory_mb(backend):
             return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
         import torch
 
-        return torch.cuda.max_memory_allocated() / 2**20
+        return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     except (AttributeError, KeyError, RuntimeError, ValueError, TypeError):
         # CPU runs (--allow-cpu) and allocators without statistics
         return None
+
+
+def copy_batches(num_batches, batch_size, length, vocab_size, seed=0):
+    """`({"source", "target"}, labels)` int32 arrays of `num_batches` batches of a
+    copy task: labels = source, target = BOS + labels[:-1]; ids above the special
+    ones, Zipf-distributed (exponent 1.1) so that the loss falls quickly. The
+    last row of each batch is all padding."""
+    rng = np.random.default_rng(seed)
+    rows, first = num_batches * batch_size, 4  # above pad, unknown, begin and end
+    ids = first + (rng.zipf(1.1, size=(rows, length)) - 1) % (vocab_size - first)
+    source = ids.astype("int32")
+    source[batch_size - 1::batch_size] = common.PAD_ID
+    labels = source.copy()
+    target = np.concatenate([np.full((rows, 1), common.BOS_ID, "int32"), labels[:, :-1]], axis=1)
+    target[batch_size - 1::batch_size] = common.PAD_ID
+    return {"source": source, "target": target}, labels
+
+
+def window_timer(steps_per_window, tokens_per_step, total_windows):
+    """A Keras callback that times each window (epoch) and keeps its mean loss;
+    reading the loss at the window's end waits for the device."""
+    import keras
+
+    class _WindowTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seconds, self.losses, self._start = [], [], None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            loss = float(logs["loss"])  # waits for the window's last step
+            seconds = time.perf_counter() - self._start
+            self.seconds.append(seconds)
+            self.losses.append(loss)
+            common.progress(f"  window {epoch + 1}/{total_windows}: "
+                            f"steps {epoch * steps_per_window + 1}-"
+                            f"{(epoch + 1) * steps_per_window}, {seconds:.2f} s, "
+                            f"{tokens_per_step * steps_per_window / seconds:,.0f} target tokens/s, "
+                            f"loss {loss:.4f}")
+
+    return _WindowTimer()
+
+
+def attention_kernels(backend, model, inputs, labels):
+    """What ran eq. (1): a dict saying how it was checked and what was found."""
+    if backend == "jax":
+        import jax
+
+        loss_fn = model.loss
+
+        def training_loss(trainable, non_trainable, x, y):
+            predictions, _ = model.stateless_call(trainable, non_trainable, x, training=True)
+            return loss_fn(y, predictions)
+
+        trainable = [v.value for v in model.trainable_variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+        lowered = jax.jit(jax.grad(training_loss)).lower(trainable, non_trainable, inputs, labels)
+        calls = JAX_FUSED_ATTENTION.findall(lowered.as_text())
+        counts = {name: calls.count(name) for name in sorted(set(calls))}
+        return {"method": "custom calls in the lowered gradient of the training loss",
+                "fused_calls": counts, "fused": bool(calls)}
+    if backend == "torch":
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]  # the aten:: operators
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)  # the kernels they launched
+        with profile(activities=activities) as profiler:
+            model.train_on_batch(inputs, labels)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        names = {}
+        for event in profiler.key_averages():
+            if TORCH_ATTENTION_KERNEL.search(event.key):
+                names[event.key[:120]] = event.count
+        return {"method": "torch.profiler operators and kernels of one train_on_batch",
+                "fused_calls": names, "fused": bool(names)}
+    return {"method": "none", "fused": False,
+            "fused_calls": {}, "note": "Keras's TensorFlow backend has no fused attention kernel"}
 
 
 def main(argv=None):
@@ -70,26 +177,45 @@ def main(argv=None):
     parser.add_argument("--config", choices=("base", "big"), default="base")
     parser.add_argument("--precision", choices=("mixed_bfloat16", "mixed_float16", "float32"),
                         default="mixed_bfloat16", help="Keras dtype policy")
-    parser.add_argument("--batch-size", type=int, default=64, help="B, sentences per batch")
-    parser.add_argument("--length", type=int, default=128, help="S = T, tokens per sentence")
+    parser.add_argument("--tokens-per-batch", type=int, default=25000,
+                        help="source (and target) positions per batch, as in §5.1")
+    parser.add_argument("--length", type=int, default=64,
+                        help="S = T, positions per sentence; the batch holds "
+                             "tokens-per-batch // length sentences")
     parser.add_argument("--vocab-size", type=int, default=37000)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps (median)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (>= 1)")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps in all")
+    parser.add_argument("--window", type=int, default=25,
+                        help="steps per timed window (a Keras epoch); the first compiles")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="override the config's dropout rate (0.1 base, 0.3 big)")
+    parser.add_argument("--steps-per-execution", type=int, default=1,
+                        help="Keras's compile(steps_per_execution=...): steps per device call")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak TFLOP/s for this precision; gives MFU")
     parser.add_argument("--flash-attention", choices=("auto", "on", "off"), default="auto",
                         help="keras.config.enable/disable_flash_attention (auto: Keras decides)")
+    parser.add_argument("--check-attention", action="store_true",
+                        help="also report which kernel ran the attention (see above)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes and 2 steps, to check that the script runs")
+                        help="tiny sizes and a few steps, to check that the script runs")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="run without a GPU, only to check the script (figures meaningless)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.batch_size, args.length, args.vocab_size, args.steps, args.warmup = 2, 8, 200, 2, 1
-    if min(args.batch_size, args.steps, args.warmup) < 1 or args.length < 2:
-        parser.error("--batch-size, --steps and --warmup must be >= 1, --length >= 2")
+        args.tokens_per_batch, args.length, args.vocab_size = 64, 8, 200
+        args.steps, args.window = 6, 2
+    if args.length < 2 or args.tokens_per_batch < 2 * args.length:
+        parser.error("--length must be >= 2 and --tokens-per-batch at least two sentences")
+    if min(args.steps, args.window) < 1 or args.steps % args.window:
+        parser.error("--steps and --window must be positive, --steps a multiple of --window")
+    if args.steps // args.window < 2:
+        parser.error("--steps must give at least two windows: the first one compiles")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error("--peak-tflops must be positive")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        parser.error("--dropout must be in [0, 1)")
+    if args.steps_per_execution < 1 or args.window % args.steps_per_execution:
+        parser.error("--steps-per-execution must be positive and divide --window")
 
     import keras
 
@@ -111,41 +237,66 @@ def main(argv=None):
     keras.config.set_dtype_policy(args.precision)
 
     preset = kt.TransformerConfig.big if args.config == "big" else kt.TransformerConfig.base
-    config = preset(args.vocab_size)
+    overrides = {} if args.dropout is None else {"dropout_rate": args.dropout}
+    config = preset(args.vocab_size, max_length=max(256, args.length), **overrides)
     if args.quick:
-        config, args.config = kt.TransformerConfig.tiny(args.vocab_size), "tiny (quick)"
+        config = kt.TransformerConfig.tiny(args.vocab_size, **overrides)
+        args.config = "tiny (quick)"
+    batch_size = args.tokens_per_batch // args.length
+    windows = args.steps // args.window
+    inputs, labels = copy_batches(args.window, batch_size, args.length, config.vocab_size)
+    target_tokens = int(np.count_nonzero(labels != config.pad_id)) // args.window  # per step
     common.progress(f"gpu: backend {backend}, devices {devices or ['CPU (--allow-cpu)']}, "
-                    f"{args.config} config (N={config.num_layers}, d_model {config.d_model}), "
-                    f"{args.precision}, batch {args.batch_size} x {args.length} tokens")
+                    f"{args.config} config (N={config.num_layers}, d_model {config.d_model}, "
+                    f"h={config.num_heads}, d_ff {config.d_ff}, dropout {config.dropout_rate}), "
+                    f"{args.precision}, batches of {batch_size} x {args.length} positions "
+                    f"({target_tokens} target tokens), {args.steps} steps of model.fit")
     model = kt.Transformer(config)
     model.compile(optimizer=kt.paper_adam(config.d_model, config.warmup_steps),
-                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id))
-    source, target, labels = common.random_batch(args.batch_size, args.length, args.length,
-                                                 config.vocab_size)
-    inputs = {"source": source, "target": target}
+                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
+                  steps_per_execution=args.steps_per_execution)
+    timer = window_timer(args.window, target_tokens, windows)
+    start = time.perf_counter()
+    model.fit(inputs, labels, batch_size=batch_size, epochs=windows, shuffle=False,
+              verbose=0, callbacks=[timer])
+    fit_seconds = time.perf_counter() - start
 
-    def step():
-        return float(model.train_on_batch(inputs, labels))
-
-    first, step_time = common.time_steps(step, args.warmup, args.steps)
-    flops = common.training_flops(args.batch_size, args.length, args.length, config)
+    step_time = common.median(timer.seconds[1:]) / args.window
+    flops = common.training_flops(batch_size, args.length, args.length, config)
     achieved = flops / step_time / 1e12
     mfu = achieved / args.peak_tflops if args.peak_tflops else None
+    finite = all(math.isfinite(loss) for loss in timer.losses)
     result = {
         "benchmark": "gpu", "backend": backend, "devices": devices, "config": args.config,
-        "precision": args.precision, "batch_size": args.batch_size, "length": args.length,
-        "params": model.count_params(), "median_step_s": step_time, "first_step_s": first,
-        "tokens_per_s": args.batch_size * args.length / step_time, "achieved_tflops": achieved,
+        "precision": args.precision, "batch_size": batch_size, "length": args.length,
+        "target_tokens_per_step": target_tokens, "steps": args.steps, "window": args.window,
+        "dropout_rate": config.dropout_rate, "vocab_size": config.vocab_size,
+        "steps_per_execution": args.steps_per_execution, "params": model.count_params(), "median_step_s": step_time,
+        "first_window_s": timer.seconds[0], "fit_s": fit_seconds,
+        "tokens_per_s": target_tokens / step_time, "achieved_tflops": achieved,
         "peak_tflops": args.peak_tflops, "mfu": mfu, "flop_formula": common.FLOP_FORMULA,
         "peak_gpu_memory_mb": peak_memory_mb(backend), "jit_compile": model.jit_compile,
         "flash_attention": keras.config.is_flash_attention_enabled(),
+        "window_losses": timer.losses, "loss_finite": finite,
+        "loss_decreased": finite and timer.losses[-1] < timer.losses[0],
+        "optimizer": type(model.optimizer).__name__,
         "quick": args.quick, "skipped": False,
     }
-    common.progress(f"gpu: {result['tokens_per_s']:.0f} tokens/s, {step_time * 1e3:.1f} ms/step, "
-                    f"{achieved:.2f} TFLOP/s ({common.FLOP_FORMULA})")
+    common.progress(f"gpu: {result['tokens_per_s']:,.0f} target tokens/s, "
+                    f"{step_time * 1e3:.1f} ms/step, {achieved:.1f} TFLOP/s "
+                    f"({common.FLOP_FORMULA}); first window {timer.seconds[0]:.1f} s")
     common.progress("gpu: MFU " + (f"{mfu:.1%}" if mfu is not None else
                                    "not computed: pass --peak-tflops"))
+    common.progress(f"gpu: loss {timer.losses[0]:.3f} -> {timer.losses[-1]:.3f}, "
+                    f"peak GPU memory {result['peak_gpu_memory_mb'] or float('nan'):,.0f} MiB")
+    if args.check_attention:
+        sample = {key: value[:batch_size] for key, value in inputs.items()}
+        result["attention"] = attention_kernels(backend, model, sample, labels[:batch_size])
+        common.progress(f"gpu: attention kernels ({result['attention']['method']}): "
+                        f"{result['attention']['fused_calls'] or 'no fused kernel'}")
     common.emit(result)
+    if not finite:
+        sys.exit("error: the loss became NaN or infinite")
 
 
 if __name__ == "__main__":

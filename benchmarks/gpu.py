@@ -21,6 +21,11 @@ shape) and MFU against `--peak-tflops` (the chip's dense peak for the precision
 you run: 989 for bf16/fp16 on an H100 or H200 SXM, from NVIDIA's datasheet),
 the backend allocator's peak GPU memory, and each window's mean loss.
 
+`--profile STEPS` profiles that many `train_on_batch` steps after the run and
+reports the wall time and, per timeline of the profiler (JAX: each line of the
+GPU's planes, such as "XLA Ops" and the streams; torch: the GPU kernels), the
+number of events, their busy time and the costliest names.
+
 `--check-attention` says which kernel eq. (1) ran on: under JAX it lowers the
 gradient of the training loss and counts cuDNN fused-attention custom calls
 (`__cudnn$fmha*`) in it; under torch it profiles one training step and lists
@@ -33,6 +38,7 @@ JSON line marked "skipped" (`--allow-cpu` runs it anyway, to check the script).
     KERAS_BACKEND=jax python benchmarks/gpu.py --peak-tflops 989 --check-attention
     KERAS_BACKEND=torch python benchmarks/gpu.py --precision mixed_float16 --peak-tflops 989
     KERAS_BACKEND=jax python benchmarks/gpu.py --config big --peak-tflops 989
+    KERAS_BACKEND=jax python benchmarks/gpu.py --steps 50 --profile 5
 """
 
 import argparse
@@ -170,6 +176,79 @@ def attention_kernels(backend, model, inputs, labels):
             "fused_calls": {}, "note": "Keras's TensorFlow backend has no fused attention kernel"}
 
 
+def _top(totals, counts, most):
+    """[[name, calls, ms], ...] of the `most` names with the most time."""
+    ranked = sorted(totals, key=totals.get, reverse=True)[:most]
+    return [[name[:160], counts[name], round(totals[name] / 1e6, 3)] for name in ranked]
+
+
+def profile_steps(backend, model, inputs, labels, steps, most=25):
+    """Where `steps` calls of `train_on_batch` spend their time, from the backend's
+    profiler: the wall time, and per timeline (JAX: each line of the device's
+    planes, the host's where no device shows; torch: the GPU kernels, else the
+    CPU operators) the events, their busy time and the `most` costliest names."""
+    import tempfile
+
+    model.train_on_batch(inputs, labels)  # compiled and warm before the trace
+    if backend == "jax":
+        import glob
+
+        import jax
+        from jax.profiler import ProfileData
+
+        with tempfile.TemporaryDirectory(prefix="gpu-profile-") as directory:
+            start = time.perf_counter()
+            with jax.profiler.trace(directory):
+                for _ in range(steps):
+                    loss = model.train_on_batch(inputs, labels)
+                float(loss)  # waits for the last step
+            wall = time.perf_counter() - start
+            path = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
+            planes = list(ProfileData.from_file(path).planes)
+        device = [p for p in planes if p.name.startswith("/device:")]
+        timelines = {}
+        for plane in device or [p for p in planes if p.name.startswith("/host:CPU")]:
+            for line in plane.lines:
+                totals, counts = {}, {}
+                for event in line.events:
+                    totals[event.name] = totals.get(event.name, 0) + event.duration_ns
+                    counts[event.name] = counts.get(event.name, 0) + 1
+                if totals:
+                    timelines[f"{plane.name} {line.name}"] = {
+                        "events": sum(counts.values()),
+                        "busy_ms": round(sum(totals.values()) / 1e6, 3),
+                        "top": _top(totals, counts, most)}
+        return {"steps": steps, "wall_ms": round(wall * 1e3, 3), "tool": "jax.profiler",
+                "device_planes": bool(device), "timelines": timelines}
+    if backend == "torch":
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        gpu = torch.cuda.is_available()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        start = time.perf_counter()
+        with profile(activities=activities) as profiler:
+            for _ in range(steps):
+                model.train_on_batch(inputs, labels)
+            if gpu:
+                torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        totals, counts = {}, {}
+        for event in profiler.events():
+            on_device = str(event.device_type).endswith("CUDA")
+            if on_device is gpu and (gpu or event.cpu_parent is None):
+                duration = (event.time_range.end - event.time_range.start) * 1000  # ns
+                totals[event.name] = totals.get(event.name, 0) + duration
+                counts[event.name] = counts.get(event.name, 0) + 1
+        name = "GPU kernels" if gpu else "top-level CPU operators"
+        return {"steps": steps, "wall_ms": round(wall * 1e3, 3), "tool": "torch.profiler",
+                "device_planes": gpu, "timelines": {name: {
+                    "events": sum(counts.values()),
+                    "busy_ms": round(sum(totals.values()) / 1e6, 3),
+                    "top": _top(totals, counts, most)}}}
+    return {"steps": steps, "tool": "none", "note": "profiling is implemented for JAX and torch"}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[-1],
@@ -196,6 +275,8 @@ def main(argv=None):
                         help="keras.config.enable/disable_flash_attention (auto: Keras decides)")
     parser.add_argument("--check-attention", action="store_true",
                         help="also report which kernel ran the attention (see above)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after fit, profile STEPS train_on_batch steps (see profile_steps)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and a few steps, to check that the script runs")
     parser.add_argument("--allow-cpu", action="store_true",
@@ -212,6 +293,8 @@ def main(argv=None):
         parser.error("--steps must give at least two windows: the first one compiles")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error("--peak-tflops must be positive")
+    if args.profile < 0:
+        parser.error("--profile must be >= 0")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         parser.error("--dropout must be in [0, 1)")
     if args.steps_per_execution < 1 or args.window % args.steps_per_execution:
@@ -294,6 +377,15 @@ def main(argv=None):
         result["attention"] = attention_kernels(backend, model, sample, labels[:batch_size])
         common.progress(f"gpu: attention kernels ({result['attention']['method']}): "
                         f"{result['attention']['fused_calls'] or 'no fused kernel'}")
+    if args.profile:
+        sample = {key: value[:batch_size] for key, value in inputs.items()}
+        result["profile"] = profile_steps(backend, model, sample, labels[:batch_size],
+                                          args.profile)
+        for name, timeline in result["profile"].get("timelines", {}).items():
+            common.progress(f"gpu: profile of {args.profile} steps "
+                            f"({result['profile']['wall_ms']:.1f} ms wall), {name}: "
+                            f"{timeline['events']} events, {timeline['busy_ms']:.1f} ms busy; "
+                            + ", ".join(f"{n} x{c} {ms:.2f} ms" for n, c, ms in timeline["top"][:5]))
     common.emit(result)
     if not finite:
         sys.exit("error: the loss became NaN or infinite")

@@ -8,7 +8,8 @@
 # recorded and the next one starts. PEAK_TFLOPS (default 989: dense bf16/fp16 of
 # an H100 or H200 SXM, NVIDIA's datasheet) gives gpu.py its MFU; PYTHON (default
 # python3) the interpreter, with the CUDA builds of JAX and torch. PLAN=attribution
-# runs the variants that say where the base step's time goes instead. QUICK=1 runs
+# runs the variants that say where the base step's time goes instead, and
+# PLAN=profile the profiles of a few steps (the kernels and their times). QUICK=1 runs
 # every step at tiny sizes on whatever device there is, to check the script.
 set -u
 out=${1:?usage: bash benchmarks/gpu_all.sh OUTDIR [BUDGET_SECONDS]}
@@ -78,6 +79,16 @@ decode="benchmarks/decoding.py --config base --batch-size 64 --source-length 32 
 if [[ ${QUICK:-0} == 1 ]]; then
   fit="$fit --quick --allow-cpu"
   decode="benchmarks/decoding.py --quick --no-uncached"
+fi
+if [[ ${PLAN:-main} == profile ]]; then
+  # The kernels of five steps of the base and big models (gpu.py --profile), each
+  # after a short fit: the next question of the attribution runs below.
+  short="--steps 50"
+  run jax-base-bf16-profile 40 jax $fit $short --profile 5
+  run torch-base-bf16-profile 30 torch $fit $short --profile 5
+  run jax-big-bf16-profile 45 jax $fit $short --profile 5 --config big
+  echo "gpu_all.sh finished in $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
+  exit 0
 fi
 if [[ ${PLAN:-main} == attribution ]]; then
   # Where the base step's time goes: the same step without dropout, with a

@@ -70,9 +70,30 @@ def test_gpu_script_trains_with_fit_and_reports_on_a_cpu(gpu, capsys, precision)
         assert not attention["fused"] and attention["fused_calls"] == {}
 
 
+def test_gpu_script_profiles_steps(gpu, capsys):
+    gpu.main(["--quick", "--allow-cpu", "--profile", "2"])
+    profile = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["profile"]
+    assert profile["steps"] == 2
+    if keras.backend.backend() == "tensorflow":
+        assert profile["tool"] == "none"
+        return
+    assert profile["wall_ms"] > 0 and not profile["device_planes"]  # a CPU: no GPU timeline
+    timelines = profile["timelines"].values()
+    assert timelines and all(t["events"] >= len(t["top"]) > 0 for t in timelines)
+    for timeline in timelines:
+        times = [ms for _, _, ms in timeline["top"]]
+        assert times == sorted(times, reverse=True) and all(c >= 1 for _, c, _ in timeline["top"])
+    names = set(profile["timelines"])
+    if keras.backend.backend() == "torch":
+        assert names == {"top-level CPU operators"}
+    else:  # JAX: the lines of the host's plane
+        assert all(name.startswith("/host:CPU ") for name in names)
+
+
 def test_gpu_script_refuses_bad_arguments(gpu):
     for argv in (["--steps", "30", "--window", "25"], ["--steps", "25", "--window", "25"],
-                 ["--dropout", "1.5"], ["--steps-per-execution", "7"], ["--length", "1"]):
+                 ["--dropout", "1.5"], ["--steps-per-execution", "7"], ["--length", "1"],
+                 ["--profile", "-1"]):
         with pytest.raises(SystemExit) as error:
             gpu.main(argv)
         assert error.value.code == 2, argv

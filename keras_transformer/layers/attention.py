@@ -5,9 +5,11 @@
         head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
 Eq. (1) goes through `keras.ops.dot_product_attention`, which dispatches to fused
-kernels (cuDNN / flash attention on GPU, `scaled_dot_product_attention` in torch),
-unless the caller asks for the attention weights or attention dropout is active;
-then the explicit softmax path beside it runs instead.
+kernels (cuDNN's flash attention on GPU under JAX and torch, checked on an H200 in
+benchmarks/RESULTS.md; `scaled_dot_product_attention` in torch; Keras's TensorFlow
+backend has no fused kernel), unless the caller asks for the attention weights or
+attention dropout is active; then the explicit softmax path beside it runs
+instead.
 
 The layer also carries the key/value cache used for incremental decoding: a
 pair of fixed-size key and value tensors updated in place at an index, so the

@@ -156,16 +156,7 @@ def attention_kernels(backend, model, inputs, labels):
         return {"method": "custom calls in the lowered gradient of the training loss",
                 "fused_calls": counts, "fused": bool(calls)}
     if backend == "torch":
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]  # the aten:: operators
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)  # the kernels they launched
-        with profile(activities=activities) as profiler:
-            model.train_on_batch(inputs, labels)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+        profiler, _ = _torch_profiled(model, inputs, labels, 1)
         names = {}
         for event in profiler.key_averages():
             if TORCH_ATTENTION_KERNEL.search(event.key):
@@ -176,10 +167,34 @@ def attention_kernels(backend, model, inputs, labels):
             "fused_calls": {}, "note": "Keras's TensorFlow backend has no fused attention kernel"}
 
 
-def _top(totals, counts, most):
-    """[[name, calls, ms], ...] of the `most` names with the most time."""
+def _torch_profiled(model, inputs, labels, steps):
+    """(torch.profiler, wall seconds) of `steps` calls of `train_on_batch`: the
+    aten:: operators, and on a GPU the kernels they launched."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            model.train_on_batch(inputs, labels)
+        if gpu:
+            torch.cuda.synchronize()
+    return profiler, time.perf_counter() - start
+
+
+def _timeline(events, most):
+    """The summary of one timeline's (name, nanoseconds) events: their number,
+    busy time, and [[name, calls, ms], ...] of the `most` names with the most time."""
+    totals, counts = {}, {}
+    for name, duration in events:
+        totals[name] = totals.get(name, 0) + duration
+        counts[name] = counts.get(name, 0) + 1
     ranked = sorted(totals, key=totals.get, reverse=True)[:most]
-    return [[name[:160], counts[name], round(totals[name] / 1e6, 3)] for name in ranked]
+    return {"events": sum(counts.values()), "busy_ms": round(sum(totals.values()) / 1e6, 3),
+            "top": [[name[:160], counts[name], round(totals[name] / 1e6, 3)]
+                    for name in ranked]}
 
 
 def profile_steps(backend, model, inputs, labels, steps, most=25):
@@ -200,8 +215,7 @@ def profile_steps(backend, model, inputs, labels, steps, most=25):
             start = time.perf_counter()
             with jax.profiler.trace(directory):
                 for _ in range(steps):
-                    loss = model.train_on_batch(inputs, labels)
-                float(loss)  # waits for the last step
+                    model.train_on_batch(inputs, labels)  # returns the loss on the host
             wall = time.perf_counter() - start
             path = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
             planes = list(ProfileData.from_file(path).planes)
@@ -209,43 +223,23 @@ def profile_steps(backend, model, inputs, labels, steps, most=25):
         timelines = {}
         for plane in device or [p for p in planes if p.name.startswith("/host:CPU")]:
             for line in plane.lines:
-                totals, counts = {}, {}
-                for event in line.events:
-                    totals[event.name] = totals.get(event.name, 0) + event.duration_ns
-                    counts[event.name] = counts.get(event.name, 0) + 1
-                if totals:
-                    timelines[f"{plane.name} {line.name}"] = {
-                        "events": sum(counts.values()),
-                        "busy_ms": round(sum(totals.values()) / 1e6, 3),
-                        "top": _top(totals, counts, most)}
+                timeline = _timeline(((e.name, e.duration_ns) for e in line.events), most)
+                if timeline["events"]:
+                    timelines[f"{plane.name} {line.name}"] = timeline
         return {"steps": steps, "wall_ms": round(wall * 1e3, 3), "tool": "jax.profiler",
                 "device_planes": bool(device), "timelines": timelines}
     if backend == "torch":
         import torch
-        from torch.profiler import ProfilerActivity, profile
 
         gpu = torch.cuda.is_available()
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-        start = time.perf_counter()
-        with profile(activities=activities) as profiler:
-            for _ in range(steps):
-                model.train_on_batch(inputs, labels)
-            if gpu:
-                torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-        totals, counts = {}, {}
-        for event in profiler.events():
-            on_device = str(event.device_type).endswith("CUDA")
-            if on_device is gpu and (gpu or event.cpu_parent is None):
-                duration = (event.time_range.end - event.time_range.start) * 1000  # ns
-                totals[event.name] = totals.get(event.name, 0) + duration
-                counts[event.name] = counts.get(event.name, 0) + 1
+        profiler, wall = _torch_profiled(model, inputs, labels, steps)
+        events = ((event.name, (event.time_range.end - event.time_range.start) * 1000)  # ns
+                  for event in profiler.events()
+                  if str(event.device_type).endswith("CUDA") is gpu
+                  and (gpu or event.cpu_parent is None))
         name = "GPU kernels" if gpu else "top-level CPU operators"
         return {"steps": steps, "wall_ms": round(wall * 1e3, 3), "tool": "torch.profiler",
-                "device_planes": gpu, "timelines": {name: {
-                    "events": sum(counts.values()),
-                    "busy_ms": round(sum(totals.values()) / 1e6, 3),
-                    "top": _top(totals, counts, most)}}}
+                "device_planes": gpu, "timelines": {name: _timeline(events, most)}}
     return {"steps": steps, "tool": "none", "note": "profiling is implemented for JAX and torch"}
 
 
@@ -372,15 +366,13 @@ def main(argv=None):
                                    "not computed: pass --peak-tflops"))
     common.progress(f"gpu: loss {timer.losses[0]:.3f} -> {timer.losses[-1]:.3f}, "
                     f"peak GPU memory {result['peak_gpu_memory_mb'] or float('nan'):,.0f} MiB")
+    sample = ({key: value[:batch_size] for key, value in inputs.items()}, labels[:batch_size])
     if args.check_attention:
-        sample = {key: value[:batch_size] for key, value in inputs.items()}
-        result["attention"] = attention_kernels(backend, model, sample, labels[:batch_size])
+        result["attention"] = attention_kernels(backend, model, *sample)
         common.progress(f"gpu: attention kernels ({result['attention']['method']}): "
                         f"{result['attention']['fused_calls'] or 'no fused kernel'}")
     if args.profile:
-        sample = {key: value[:batch_size] for key, value in inputs.items()}
-        result["profile"] = profile_steps(backend, model, sample, labels[:batch_size],
-                                          args.profile)
+        result["profile"] = profile_steps(backend, model, *sample, args.profile)
         for name, timeline in result["profile"].get("timelines", {}).items():
             common.progress(f"gpu: profile of {args.profile} steps "
                             f"({result['profile']['wall_ms']:.1f} ms wall), {name}: "

@@ -16,6 +16,11 @@ out=${1:?usage: bash benchmarks/gpu_all.sh OUTDIR [BUDGET_SECONDS]}
 budget=${2:-540}
 peak=${PEAK_TFLOPS:-989}
 python=${PYTHON:-python3}
+plan=${PLAN:-main}
+case $plan in
+  main|attribution|profile) ;;
+  *) echo "gpu_all.sh: PLAN must be main, attribution or profile, not '$plan'" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 start=$(date +%s)
@@ -64,14 +69,14 @@ run() {
   KERAS_BACKEND=$backend timeout "$left" $python "$@" > "$out/run.tmp" 2>&1
   local rc=$?
   cat "$out/run.tmp" >> "$out/log.txt"
-  local last
+  local wall=$(( $(date +%s) - t0 )) last outcome
   last=$(tail -n 1 "$out/run.tmp")
+  outcome="\"exit_status\": $rc"
   if [[ $rc -eq 0 && $last == "{"* ]]; then
-    echo "{\"run\": \"$name\", \"wall_s\": $(( $(date +%s) - t0 )), \"result\": $last}" >> "$out/results.jsonl"
-  else
-    echo "{\"run\": \"$name\", \"wall_s\": $(( $(date +%s) - t0 )), \"exit_status\": $rc}" >> "$out/results.jsonl"
+    outcome="\"result\": $last"
   fi
-  echo "== $name: exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$out/log.txt"
+  echo "{\"run\": \"$name\", \"wall_s\": $wall, $outcome}" >> "$out/results.jsonl"
+  echo "== $name: exit $rc after $wall s" | tee -a "$out/log.txt"
 }
 
 fit="benchmarks/gpu.py --peak-tflops $peak"
@@ -80,37 +85,37 @@ if [[ ${QUICK:-0} == 1 ]]; then
   fit="$fit --quick --allow-cpu"
   decode="benchmarks/decoding.py --quick --no-uncached"
 fi
-if [[ ${PLAN:-main} == profile ]]; then
-  # The kernels of five steps of the base and big models (gpu.py --profile), each
-  # after a short fit: the next question of the attribution runs below.
-  short="--steps 50"
-  run jax-base-bf16-profile 40 jax $fit $short --profile 5
-  run torch-base-bf16-profile 30 torch $fit $short --profile 5
-  run jax-big-bf16-profile 45 jax $fit $short --profile 5 --config big
-  echo "gpu_all.sh finished in $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
-  exit 0
-fi
-if [[ ${PLAN:-main} == attribution ]]; then
-  # Where the base step's time goes: the same step without dropout, with a
-  # smaller vocabulary, and with 25 steps per device call, beside the default.
-  short="--steps 100"
-  run jax-base-bf16-short 40 jax $fit $short
-  run jax-base-bf16-no-dropout 40 jax $fit $short --dropout 0
-  run jax-base-bf16-vocab-8000 40 jax $fit $short --vocab-size 8000
-  run jax-base-bf16-25-steps-per-call 40 jax $fit $short --steps-per-execution 25
-  run torch-base-bf16-no-dropout 30 torch $fit $short --dropout 0
-  run torch-base-bf16-vocab-8000 30 torch $fit $short --vocab-size 8000
-  echo "gpu_all.sh finished in $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"
-  exit 0
-fi
-run jax-base-bf16 60 jax $fit --check-attention
-run torch-base-bf16 60 torch $fit --check-attention
-run jax-big-bf16 90 jax $fit --config big
-run jax-decoding 40 jax $decode
-run torch-decoding 40 torch $decode
-run jax-base-fp16 60 jax $fit --precision mixed_float16
-run torch-base-fp16 60 torch $fit --precision mixed_float16 --check-attention
-run torch-big-bf16 90 torch $fit --config big
-run jax-base-bf16-xla-attention 60 jax $fit --flash-attention off
+case $plan in
+  profile)
+    # The kernels of five steps of the base and big models (gpu.py --profile),
+    # each after a short fit: the next question of the attribution runs.
+    short="--steps 50"
+    run jax-base-bf16-profile 40 jax $fit $short --profile 5
+    run torch-base-bf16-profile 30 torch $fit $short --profile 5
+    run jax-big-bf16-profile 45 jax $fit $short --profile 5 --config big
+    ;;
+  attribution)
+    # Where the base step's time goes: the same step without dropout, with a
+    # smaller vocabulary, and with 25 steps per device call, beside the default.
+    short="--steps 100"
+    run jax-base-bf16-short 40 jax $fit $short
+    run jax-base-bf16-no-dropout 40 jax $fit $short --dropout 0
+    run jax-base-bf16-vocab-8000 40 jax $fit $short --vocab-size 8000
+    run jax-base-bf16-25-steps-per-call 40 jax $fit $short --steps-per-execution 25
+    run torch-base-bf16-no-dropout 30 torch $fit $short --dropout 0
+    run torch-base-bf16-vocab-8000 30 torch $fit $short --vocab-size 8000
+    ;;
+  main)
+    run jax-base-bf16 60 jax $fit --check-attention
+    run torch-base-bf16 60 torch $fit --check-attention
+    run jax-big-bf16 90 jax $fit --config big
+    run jax-decoding 40 jax $decode
+    run torch-decoding 40 torch $decode
+    run jax-base-fp16 60 jax $fit --precision mixed_float16
+    run torch-base-fp16 60 torch $fit --precision mixed_float16 --check-attention
+    run torch-big-bf16 90 torch $fit --config big
+    run jax-base-bf16-xla-attention 60 jax $fit --flash-attention off
+    ;;
+esac
 rm -f "$out/run.tmp"
 echo "gpu_all.sh finished in $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"

@@ -15,7 +15,9 @@ depends on the backend beyond that lives here, in one adapter:
   cache call instead of `ops.while_loop` and `ops.slice_update`, so that
   PyTorch runs traced loops and writes its cache in place;
 * `use_compilation_cache`: JAX's persistent compilation cache, so that a
-  resumed or repeated run does not compile its train step again.
+  resumed or repeated run does not compile its train step again;
+* `copy_reverse_kernel`: whether a decoding cache holds the output
+  projection's matrix made once for the search (XLA's backends).
 
 Importing this module imports neither Keras nor a backend, so that
 `check_backend_name` runs before Keras loads; each function imports what it
@@ -58,6 +60,24 @@ def use_xla_for_training(model):
     import tensorflow as tf
 
     return not (tf.distribute.has_strategy() or getattr(model, "_distribute_strategy", None))
+
+
+def copy_reverse_kernel():
+    """Whether `Transformer.initial_cache` makes the tied output projection's
+    (d_model, vocab) matrix once, for every decoding step to read.
+
+    Under XLA (JAX, TensorFlow) a product of a few rows by the transposed
+    embeddings took about twice as long as by a transposed copy made
+    beforehand: 180 against 98 µs per step in a JAX loop at 8 rows, d_model
+    256, vocabulary 8000. Making the copy once per search paid for itself
+    even with a vocabulary of 37,000 at 32 tokens (benchmarks/RESULTS.md,
+    "Greedy decoding's last operations"). PyTorch multiplies by the
+    transposed view as fast as by a copy, and its traced loops do not take
+    the copy as a loop constant: no copy there.
+    """
+    import keras
+
+    return keras.backend.backend() in ("jax", "tensorflow")
 
 
 def use_compilation_cache(directory):

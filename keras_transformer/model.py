@@ -211,6 +211,12 @@ class Transformer(keras.Model):
           encoder-decoder attention's projections of `encoder_outputs`,
           (batch, S, num_heads * key_dim) and (batch, S, num_heads *
           value_dim), computed here once and read at every step.
+        * "reverse_kernel", under JAX and TensorFlow with the output
+          projection tied to the target embeddings: that projection's
+          (d_model, target vocab) matrix, `TokenEmbedding.reverse_kernel()`,
+          made here once for every step to read (XLA multiplied a step's few
+          rows by it in about half the time:
+          `keras_transformer.backend.copy_reverse_kernel`).
 
         With `beam_size` k > 1 (beam search), the self-attention caches have
         batch * k rows, the hypotheses of sentence b at rows b * k ... b * k +
@@ -236,7 +242,10 @@ class Transformer(keras.Model):
         """
         caches = [block.initial_cache(encoder_outputs, max_length, beam_size)
                   for block in self.decoder_blocks]
-        return {"self": [c["self"] for c in caches], "cross": [c["cross"] for c in caches]}
+        cache = {"self": [c["self"] for c in caches], "cross": [c["cross"] for c in caches]}
+        if self.output_projection is None and backend.copy_reverse_kernel():
+            cache["reverse_kernel"] = self.target_embedding.reverse_kernel()
+        return cache
 
     def reorder_cache(self, cache, indices):
         """The cache with its rows taken at `indices` (beam search, §6.1).
@@ -253,7 +262,7 @@ class Transformer(keras.Model):
         """
         taken = [tuple(ops.take(part, indices, axis=0) for part in pair)
                  for pair in cache["self"]]
-        return {"self": taken, "cross": cache["cross"]}
+        return {**cache, "self": taken}
 
     def grow_cache(self, cache, max_length):
         """The cache with room for `max_length` positions (§6.1).
@@ -269,14 +278,14 @@ class Transformer(keras.Model):
 
         Returns:
             The cache with every self-attention pair padded to `max_length`
-            positions (the cross-attention caches as they were).
+            positions (its other parts as they were).
         """
         def grow(part):
             extra = max_length - ops.shape(part)[1]
             return ops.pad(part, [(0, 0), (0, extra), (0, 0)])
 
         grown = [tuple(grow(part) for part in pair) for pair in cache["self"]]
-        return {"self": grown, "cross": cache["cross"]}
+        return {**cache, "self": grown}
 
     def decode(
         self,
@@ -338,23 +347,27 @@ class Transformer(keras.Model):
                 new_caches.append(extras.pop(0))
             if return_attention_scores:
                 scores.append(extras.pop(0))
-        logits = self.project_outputs(x)
+        logits = self.project_outputs(
+            x, reverse_kernel=None if cache is None else cache.get("reverse_kernel"))
 
         results = [logits]
         if cache is not None:
-            results.append({"self": new_caches, "cross": cache["cross"]})
+            results.append({**cache, "self": new_caches})
         if return_attention_scores:
             results.append(scores)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def project_outputs(self, decoder_outputs):
+    def project_outputs(self, decoder_outputs, reverse_kernel=None):
         """The decoder stack's last LayerNorm (pre-norm only) and the pre-softmax
-        projection (§3.4): (batch, T, d_model) → (batch, T, vocab) float32 logits."""
+        projection (§3.4): (batch, T, d_model) → (batch, T, vocab) float32 logits.
+
+        With the projection tied to the embeddings, `reverse_kernel` may give
+        its matrix made beforehand (the cache's "reverse_kernel")."""
         x = decoder_outputs
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         if self.output_projection is None:
-            return self.target_embedding(x, reverse=True)
+            return self.target_embedding(x, reverse=True, reverse_kernel=reverse_kernel)
         return ops.cast(self.output_projection(x), "float32")
 
     def compile(self, *args, jit_compile="auto", **kwargs):

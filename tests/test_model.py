@@ -234,6 +234,30 @@ def test_beam_cache_shares_each_sentences_cross_attention_rows():
         np.testing.assert_allclose(to_numpy(logits)[:, 0], full[:, index], atol=1e-5)
 
 
+@pytest.mark.parametrize("overrides", [{}, {"tie_output_embedding": False}],
+                         ids=["tied", "untied"])
+def test_the_cache_holds_the_output_kernel_under_xla_and_keeps_it(overrides):
+    """Under JAX and TensorFlow the cache carries the tied output projection's
+    matrix, made once; the step, the reorder and the growth keep it."""
+    model = tiny_model(**overrides)
+    inputs = batch()
+    encoded, source_mask = model.encode(inputs["source"])
+    cache = model.initial_cache(encoded, max_length=3)
+    tied = model.output_projection is None
+    expected = tied and keras.backend.backend() in ("jax", "tensorflow")
+    assert ("reverse_kernel" in cache) == expected
+    if expected:
+        np.testing.assert_array_equal(to_numpy(cache["reverse_kernel"]),
+                                      to_numpy(model.target_embedding.embeddings).T)
+    _, stepped = model.decode(inputs["target"][:, :1], None, source_mask, cache=cache,
+                              cache_update_index=0)
+    for kept in (stepped, model.reorder_cache(stepped, np.array([0, 0], "int32")),
+                 model.grow_cache(stepped, 5)):
+        assert set(kept) == set(cache)
+        if expected:
+            assert kept["reverse_kernel"] is cache["reverse_kernel"]
+
+
 @pytest.mark.parametrize("beam_size", [0, 2.5, "4"])
 def test_bad_beam_size_for_the_cache_is_explained(beam_size):
     model = tiny_model()

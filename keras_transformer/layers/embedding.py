@@ -39,6 +39,9 @@ class TokenEmbedding(keras.layers.Layer):
         inputs: (batch, T) int token ids, or with `reverse=True` a
             (batch, T, d_model) float tensor.
         reverse: Whether to project vectors to vocabulary logits.
+        reverse_kernel: With `reverse`, `reverse_kernel()` made beforehand,
+            to multiply by in place of the embeddings transposed at each call
+            (a decoding loop makes it once for all its steps).
 
     Returns:
         (batch, T, d_model) embeddings in the compute dtype, or with
@@ -92,20 +95,33 @@ class TokenEmbedding(keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, inputs, reverse=False):
-        embeddings = ops.cast(self.embeddings, self.compute_dtype)
+    def reverse_kernel(self):
+        """The reverse projection's (d_model, vocab_size) matrix, in the compute
+        dtype: the embeddings transposed, laid out as the product reads them.
+
+        A decoding step multiplies a few rows by it: XLA on a CPU took about
+        half as long per product with this matrix made once (a copy) as with
+        the embeddings transposed inside the product (benchmarks/RESULTS.md,
+        "Greedy decoding's last operations").
+        """
+        return ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+
+    def call(self, inputs, reverse=False, reverse_kernel=None):
         if reverse:
-            logits = ops.matmul(inputs, ops.transpose(embeddings))
+            if reverse_kernel is None:
+                reverse_kernel = self.reverse_kernel()
+            logits = ops.matmul(inputs, ops.cast(reverse_kernel, self.compute_dtype))
             logits = ops.cast(logits, "float32")
             if self.output_bias is not None:
                 logits = logits + ops.cast(self.output_bias, "float32")
             return logits
+        embeddings = ops.cast(self.embeddings, self.compute_dtype)
         outputs = ops.take(embeddings, ops.cast(inputs, "int32"), axis=0)
         if self._scale_embeddings:
             outputs = outputs * ops.cast(math.sqrt(self._d_model), self.compute_dtype)
         return outputs
 
-    def compute_output_spec(self, inputs, reverse=False):
+    def compute_output_spec(self, inputs, reverse=False, reverse_kernel=None):
         if reverse:
             shape = (*inputs.shape[:-1], self._vocab_size)
             return keras.KerasTensor(shape, dtype="float32")

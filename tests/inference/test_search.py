@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_transformer.inference.search import (
     LENGTH_OFFSET,
+    _most_probable,
     length_penalty,
     output_limits,
     position_limit,
@@ -67,3 +68,21 @@ def test_sources_over_the_limit_keep_their_first_tokens_and_eos():
     assert truncate_source([5, 6, 7, 8, 3], 4, 3) == ([5, 6, 7, 3], True)
     sinusoidal = tiny_model(vocab_size=20).config  # max_length 64
     assert source_limit(sinusoidal) == 1024 and source_limit(sinusoidal, 2000) == 2000
+
+
+def test_the_most_probable_token_is_argmax_with_the_first_of_equals():
+    log_probs = np.random.default_rng(3).normal(size=(6, 50)).astype("float32")
+    log_probs[1, [4, 9, 30]] = 10.0  # a three-way tie: the first wins
+    log_probs[2] = -np.inf  # every token impossible: the first, as argmax
+    log_probs[3, -1] = 10.0  # the last token
+    chosen = ops.convert_to_numpy(_most_probable(ops.convert_to_tensor(log_probs), 0))
+    assert chosen.dtype == np.int32
+    np.testing.assert_array_equal(chosen, np.argmax(log_probs, axis=-1))
+    np.testing.assert_array_equal(chosen[1:4], [4, 0, 49])
+
+
+def test_a_nan_row_still_gets_a_token_of_the_vocabulary():
+    log_probs = np.zeros((2, 8), "float32")
+    log_probs[0, 3] = np.nan
+    chosen = ops.convert_to_numpy(_most_probable(ops.convert_to_tensor(log_probs), 0))
+    assert 0 <= chosen[0] < 8 and chosen[1] == 0

@@ -77,6 +77,22 @@ def test_reverse_projection_shares_the_embedding_matrix():
     np.testing.assert_allclose(to_numpy(logits), expected, atol=1e-5)
 
 
+def test_reverse_projection_by_the_kernel_made_beforehand():
+    layer = TokenEmbedding(vocab_size=7, d_model=4, use_output_bias=True)
+    layer.build()
+    layer.output_bias.assign(np.arange(7, dtype="float32"))
+    kernel = layer.reverse_kernel()
+    assert tuple(kernel.shape) == (4, 7)
+    np.testing.assert_array_equal(to_numpy(kernel), to_numpy(layer.embeddings).T)
+    hidden = np.random.default_rng(1).normal(size=(2, 3, 4)).astype("float32")
+    np.testing.assert_allclose(to_numpy(layer(hidden, reverse=True, reverse_kernel=kernel)),
+                               to_numpy(layer(hidden, reverse=True)), atol=1e-6)
+    # The kernel given is the one multiplied by, not the layer's embeddings.
+    doubled = to_numpy(layer(hidden, reverse=True, reverse_kernel=2 * to_numpy(kernel)))
+    np.testing.assert_allclose(doubled, 2 * (hidden @ to_numpy(kernel)) + np.arange(7),
+                               atol=1e-5)
+
+
 def test_reverse_projection_is_float32_under_mixed_precision():
     layer = TokenEmbedding(vocab_size=7, d_model=4, dtype="mixed_bfloat16")
     vectors = layer(np.array([[1, 2]]))

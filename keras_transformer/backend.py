@@ -72,8 +72,8 @@ def copy_reverse_kernel():
     256, vocabulary 8000. Making the copy once per search paid for itself
     even with a vocabulary of 37,000 at 32 tokens (benchmarks/RESULTS.md,
     "Greedy decoding's last operations"). PyTorch multiplies by the
-    transposed view as fast as by a copy, and its traced loops do not take
-    the copy as a loop constant: no copy there.
+    transposed view as fast as by a copy (324 against 325 µs), and its
+    greedy search took 8.9 times as long with the copy: no copy there.
     """
     import keras
 

@@ -25,6 +25,7 @@ from keras_transformer.inference.search import (
     LENGTH_OFFSET,
     length_penalty,
     position_limit,
+    searched_beam_size,
     source_width,
     traced_search,
 )
@@ -243,7 +244,8 @@ def beam_search(model, source_ids, bos_id, eos_id, beam_size=4, alpha=0.6,
     `beam_size` extensions that do not end stay alive (ranking 2·beam_size
     guarantees there are enough of them). An extension that ends outside the
     best `beam_size` is pruned like any other, so `beam_size=1` with `alpha=0`
-    is exactly greedy search.
+    is exactly greedy search, and runs greedy search's loop, which has less
+    to do per step (`keras_transformer.inference.search.searched_beam_size`).
 
     A sentence is done when no alive hypothesis can beat its best finished
     one (its `num_return`-th best) any more: log-probabilities only fall as a
@@ -326,6 +328,8 @@ def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alp
         empty = (np.zeros((0, *n_best, 0), "int32"), np.zeros((0, *n_best), "float32"))
         return (*empty, empty[0]) if alignment else empty
 
+    if sampling is None:
+        beam_size = searched_beam_size(beam_size, alpha)
     function = _compiled_search(model, beam_size, max_output_length, num_return, sampling,
                                 alignment)
     if streams is None:

@@ -51,7 +51,7 @@ import tempfile
 from keras_transformer import run_dir
 from keras_transformer.inference import saved_model, warmup
 from keras_transformer.inference.decoding import check_model, check_search_options
-from keras_transformer.inference.search import smallest_bucket, traced_search
+from keras_transformer.inference.search import searched_beam_size, smallest_bucket, traced_search
 from keras_transformer.inference.shapes import ServingShapes
 
 
@@ -274,6 +274,7 @@ def _search_function(model, target_tokenizer, shapes, beam_size, alpha, max_outp
     pad_id = model.config.pad_id
     eos_id = target_tokenizer.eos_id
     special_ids = tf.constant([target_tokenizer.bos_id, eos_id], tf.int32)
+    searched = searched_beam_size(int(beam_size), float(alpha))
     alpha = tf.constant(alpha, tf.float32)
 
     def compiled_for(width):
@@ -286,7 +287,7 @@ def _search_function(model, target_tokenizer, shapes, beam_size, alpha, max_outp
         @tf.function(jit_compile=True,
                      input_signature=[tf.TensorSpec([None, width], tf.int32)])
         def compiled(source_ids):
-            ids, scores = traced_search(model, source_ids, special_ids, alpha, int(beam_size),
+            ids, scores = traced_search(model, source_ids, special_ids, alpha, searched,
                                         max_output_length, num_return=num_return)
             if num_return == 1:
                 ids, scores = ids[:, None], scores[:, None]

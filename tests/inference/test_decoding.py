@@ -12,7 +12,8 @@ from helpers import tiny_model
 from keras import ops
 
 from keras_transformer.inference import beam_search, greedy_search, length_penalty
-from keras_transformer.inference.search import _best_first
+from keras_transformer.inference.decoding import _COMPILED
+from keras_transformer.inference.search import _best_first, searched_beam_size, traced_search
 from keras_transformer.training.toy_tasks import ToyVocabulary
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -112,12 +113,32 @@ def test_cached_greedy_matches_full_recomputation(model, overrides):
 
 
 def test_beam_size_one_without_length_penalty_equals_greedy(model):
+    """The beam loop with one hypothesis and α = 0 is greedy search: what lets
+    `beam_search` run greedy search's loop for it (`searched_beam_size`). The
+    beam loop is run here directly, uncompiled."""
     source = source_batch()
     greedy_ids, greedy_scores = greedy_search(model, source, BOS, EOS, max_output_length=8)
-    beam_ids, beam_scores = beam_search(model, source, BOS, EOS, beam_size=1, alpha=0.0,
-                                        max_output_length=8)
+    beam_ids, beam_scores = traced_search(
+        model, ops.convert_to_tensor(source), ops.convert_to_tensor([BOS, EOS], "int32"),
+        ops.convert_to_tensor(0.0), beam_size=1, max_output_length=8)
+    beam_ids = ops.convert_to_numpy(beam_ids)[:, :greedy_ids.shape[1]]
     np.testing.assert_array_equal(beam_ids, greedy_ids)
-    np.testing.assert_allclose(beam_scores, greedy_scores, rtol=1e-5)
+    np.testing.assert_allclose(ops.convert_to_numpy(beam_scores), greedy_scores, rtol=1e-5)
+
+
+def test_a_beam_of_one_without_length_penalty_runs_the_greedy_loop():
+    assert searched_beam_size(1, 0.0) is None
+    assert searched_beam_size(1, 0.6) == 1 and searched_beam_size(4, 0.0) == 4
+    model = tiny_model()
+    source = source_batch()
+    ids, scores = beam_search(model, source, BOS, EOS, beam_size=1, alpha=0.0,
+                              max_output_length=8)
+    assert [key[0] for key in _COMPILED[model]] == [None]  # greedy search's function
+    greedy_ids, greedy_scores = greedy_search(model, source, BOS, EOS, max_output_length=8)
+    np.testing.assert_array_equal(ids, greedy_ids)
+    np.testing.assert_array_equal(scores, greedy_scores)
+    beam_search(model, source, BOS, EOS, beam_size=1, alpha=0.6, max_output_length=8)
+    assert sorted(key[0] for key in _COMPILED[model] if key[0]) == [1]  # a penalty: the beam
 
 
 @pytest.mark.parametrize("overrides", [{}, CONFIGS["key_dim_unequal_value_dim"]],

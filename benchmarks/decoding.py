@@ -21,7 +21,11 @@ hypothesis ends.
 The length is forced: the end-of-sentence id gets an output bias of -1e9, so
 no hypothesis ever ends and every run produces exactly n tokens. The weights
 are random (speed does not depend on them). Each (method, n) is run once to
-compile, then timed `--repeats` times (median). Reported: seconds per batch,
+compile; then the timed runs go round every (method, n) in turn, `--repeats`
+rounds (median), so that the machine's drift from minute to minute falls on
+all methods alike. Each timed run of a cached search follows an untimed one
+of the same (method, n), so that it starts with its weights in the CPU's
+caches. Reported: seconds per batch,
 sentences per second, milliseconds per new token (per step, whole batch), the
 ratio time(256) / time(32) of the cached search, and the uncached / cached time
 at 128.
@@ -427,29 +431,47 @@ def main(argv=None):
     backend = common.backend_name()
     common.progress(f"decoding: backend {backend}, config {args.config}, batch "
                     f"{args.batch_size} x {args.source_length} source tokens, beam {k}")
-    seconds, outputs = {}, {}
+    # Every (method, n) is compiled first; then the timed runs go round all of
+    # them in turn, so that a slow minute of the machine (its speed drifts
+    # from minute to minute) falls on every method alike, not on whichever
+    # was being timed then, and the ratios of a run compare like with like.
+    # Each timed run follows an untimed one of the same method and length, so
+    # that it finds its weights in the CPU's caches as a run of a method
+    # timed alone would, not where the previous method left them.
+    seconds, outputs, times, first_s = {}, {}, {}, {}
     for method, run in methods.items():
-        seconds[method] = {}
-        repeats = args.uncached_repeats if "uncached" in method else args.repeats
         for n in lengths:
             if "uncached" in method:  # compile each prefix width, not one whole slow run
                 width_k = 1 if method.startswith("greedy") else k
-                first_s, _ = common.timed(uncached.warm_up, source, n, width_k)
+                first_s[method, n], _ = common.timed(uncached.warm_up, source, n, width_k)
             else:
-                first_s, _ = self_timed(*common.timed(run, n))  # compiles this shape
-            times = []
-            for _ in range(repeats):
-                elapsed, tokens = self_timed(*common.timed(run, n))
-                times.append(elapsed)
-            if tokens.shape[1] != n:
-                sys.exit(f"error: {method} produced {tokens.shape[1]} tokens, not {n}: "
-                         "the forced length did not hold.")
-            outputs[method, n] = tokens
-            seconds[method][str(n)] = common.median(times)
-            common.progress(f"  {method:<16} {n:>4} tokens: {common.median(times):8.3f} s, "
-                            f"{common.median(times) / n * 1e3:7.2f} ms/token, "
-                            f"{args.batch_size / common.median(times):8.1f} sentences/s "
-                            f"(compilation run {first_s:.2f} s)")
+                first_s[method, n], _ = self_timed(*common.timed(run, n))  # compiles this shape
+            times[method, n] = []
+            common.progress(f"  {method:<16} {n:>4} tokens: compilation run "
+                            f"{first_s[method, n]:.2f} s")
+    rounds = max(args.repeats, args.uncached_repeats if not args.no_uncached else 0)
+    for repeat in range(rounds):
+        for n in lengths:
+            for method, run in methods.items():
+                repeats = args.uncached_repeats if "uncached" in method else args.repeats
+                if repeat < repeats:
+                    if "uncached" not in method:  # far slower: the caches matter little
+                        run(n)
+                    elapsed, outputs[method, n] = self_timed(*common.timed(run, n))
+                    times[method, n].append(elapsed)
+        common.progress(f"  timed round {repeat + 1} of {rounds}")
+    for method in methods:
+        seconds[method] = {}
+        for n in lengths:
+            if outputs[method, n].shape[1] != n:
+                sys.exit(f"error: {method} produced {outputs[method, n].shape[1]} tokens, "
+                         f"not {n}: the forced length did not hold.")
+            median = common.median(times[method, n])
+            seconds[method][str(n)] = median
+            common.progress(f"  {method:<16} {n:>4} tokens: {median:8.3f} s, "
+                            f"{median / n * 1e3:7.2f} ms/token, "
+                            f"{args.batch_size / median:8.1f} sentences/s "
+                            f"(compilation run {first_s[method, n]:.2f} s)")
 
     first, last = str(lengths[0]), str(lengths[-1])
     middle = "128" if 128 in lengths else last

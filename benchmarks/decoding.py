@@ -25,10 +25,9 @@ compile; then the timed runs go round every (method, n) in turn, `--repeats`
 rounds (median), so that the machine's drift from minute to minute falls on
 all methods alike. Each timed run of a cached search follows an untimed one
 of the same (method, n), so that it starts with its weights in the CPU's
-caches. Reported: seconds per batch,
-sentences per second, milliseconds per new token (per step, whole batch), the
-ratio time(256) / time(32) of the cached search, and the uncached / cached time
-at 128.
+caches. Reported: seconds per batch, sentences per second, milliseconds per
+new token (per step, whole batch), the ratio time(256) / time(32) of the
+cached search, and the uncached / cached time at 128.
 
 With `--ctranslate2`, the same model (same weights, the same EOS bias) is also
 converted with `keras_transformer.inference.ctranslate2_export.convert_model`, in

@@ -328,8 +328,7 @@ def _search(model, source_ids, bos_id, eos_id, max_output_length, beam_size, alp
         empty = (np.zeros((0, *n_best, 0), "int32"), np.zeros((0, *n_best), "float32"))
         return (*empty, empty[0]) if alignment else empty
 
-    if sampling is None:
-        beam_size = searched_beam_size(beam_size, alpha)
+    beam_size = searched_beam_size(beam_size, alpha)
     function = _compiled_search(model, beam_size, max_output_length, num_return, sampling,
                                 alignment)
     if streams is None:

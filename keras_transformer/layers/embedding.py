@@ -108,9 +108,9 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False, reverse_kernel=None):
         if reverse:
-            if reverse_kernel is None:
-                reverse_kernel = self.reverse_kernel()
-            logits = ops.matmul(inputs, ops.cast(reverse_kernel, self.compute_dtype))
+            kernel = self.reverse_kernel() if reverse_kernel is None \
+                else ops.cast(reverse_kernel, self.compute_dtype)
+            logits = ops.matmul(inputs, kernel)
             logits = ops.cast(logits, "float32")
             if self.output_bias is not None:
                 logits = logits + ops.cast(self.output_bias, "float32")

@@ -19,7 +19,6 @@ torch runs it eagerly, where the kernels dominate at these sizes.
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 

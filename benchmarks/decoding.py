@@ -50,7 +50,8 @@ traces the search for unknown widths and keeps one phase.
     KERAS_BACKEND=jax python benchmarks/decoding.py --no-uncached --ctranslate2
     KERAS_BACKEND=tensorflow python benchmarks/decoding.py --no-uncached --ctranslate2 --saved-model
     KERAS_BACKEND=torch python benchmarks/decoding.py --batch-size 1 --lengths 32,128
-    KERAS_BACKEND=jax python benchmarks/decoding.py --config base --batch-size 64 --lengths 32,64 --no-uncached
+    KERAS_BACKEND=jax python benchmarks/decoding.py --config base --batch-size 64 \
+        --lengths 32,64 --no-uncached
 """
 
 import argparse

@@ -377,7 +377,8 @@ def main(argv=None):
             common.progress(f"gpu: profile of {args.profile} steps "
                             f"({result['profile']['wall_ms']:.1f} ms wall), {name}: "
                             f"{timeline['events']} events, {timeline['busy_ms']:.1f} ms busy; "
-                            + ", ".join(f"{n} x{c} {ms:.2f} ms" for n, c, ms in timeline["top"][:5]))
+                            + ", ".join(f"{n} x{c} {ms:.2f} ms"
+                                        for n, c, ms in timeline["top"][:5]))
     common.emit(result)
     if not finite:
         sys.exit("error: the loss became NaN or infinite")

@@ -80,7 +80,6 @@ def main(argv=None):
         parser.error(f"profile_step.py reads XLA CPU traces: run it with KERAS_BACKEND=jax "
                      f"(got {backend})")
     import jax
-
     import training
 
     config = common.transformer_config(args.config)

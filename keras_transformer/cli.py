@@ -157,7 +157,8 @@ def _evaluate(args):
     corpus = read_parallel(args.source, args.reference)
     sources, references = corpus.sources[: args.limit], corpus.targets[: args.limit]
     result = evaluate(
-        _translator(args.model, args.max_source_length), sources, references, hypotheses_path=args.output,
+        _translator(args.model, args.max_source_length), sources, references,
+        hypotheses_path=args.output,
         beam_size=args.beam_size, alpha=args.alpha, batch_size=args.batch_size,
     )
     print(result.summary())

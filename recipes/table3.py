@@ -36,6 +36,7 @@ from keras_transformer.training.data import load_multi30k
 from keras_transformer.training.downloads import fetch_multi30k
 from recipes import common
 
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m recipes.table3",
@@ -131,8 +132,8 @@ def _train_and_measure(args, name, group, config, tokenizer, splits):
     import keras
 
     import keras_transformer as kt
-    from keras_transformer.inference import Translator
     from keras_transformer.evaluation import evaluate
+    from keras_transformer.inference import Translator
     from keras_transformer.training.fit import TimeBudget, fit_steps
     from keras_transformer.training.pipeline import make_dataset
 

@@ -10,7 +10,8 @@ import keras
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import cli, logs, run_dir as run_dirs
+from keras_transformer import cli, logs
+from keras_transformer import run_dir as run_dirs
 from keras_transformer.inference import Translator
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.tokenizers import SubwordTokenizer
@@ -118,7 +119,7 @@ def test_print_alignment_appends_source_target_pairs(command_line, loaded):
     plain, _ = command_line(["translate", "run", *SEARCH], stdin=stdin)
     aligned, _ = command_line(["translate", "run", *SEARCH, "--print-alignment"], stdin=stdin)
     _, tokenizer = loaded
-    texts, ids, alignments = [], [], []
+    texts, alignments = [], []
     for line, source in zip(aligned.splitlines(), LINES):
         text, pairs = line.split("\t")
         texts.append(text)
@@ -212,7 +213,8 @@ def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["translate", str(tmp_path / "missing.keras"), "hello"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == f"error: No model at {str(tmp_path / 'missing.keras')!r}."
+    missing = str(tmp_path / 'missing.keras')
+    assert capsys.readouterr().err.strip() == f"error: No model at {missing!r}."
     broken = tmp_path / "broken.keras"
     broken.write_bytes(b"not a zip")
     os.makedirs(tmp_path / "tokenizer")

@@ -80,7 +80,8 @@ def test_bad_values_name_the_field_value_and_rule(overrides, message):
 
 
 def test_explicit_key_dim_lifts_divisibility_rule():
-    assert TransformerConfig(vocab_size=10, d_model=500, num_heads=8, key_dim=64).resolved_key_dim == 64
+    config = TransformerConfig(vocab_size=10, d_model=500, num_heads=8, key_dim=64)
+    assert config.resolved_key_dim == 64
 
 
 def test_value_dim_defaults_to_key_dim_and_can_differ():

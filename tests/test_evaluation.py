@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from helpers import CharTokenizer, tiny_model
 
-from keras_transformer.evaluation import (EvaluationResult, bleu_scores, evaluate,
-                                         group_references)
+from keras_transformer.evaluation import EvaluationResult, bleu_scores, evaluate, group_references
 from keras_transformer.inference import Translator
 
 

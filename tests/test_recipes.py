@@ -234,7 +234,8 @@ def test_table3_smoke_run_tabulates_the_variants_and_skips_finished_ones(tmp_pat
     assert [(row["h"], row["d_k"]) for row in rows] == [(2, 16), (1, 32)]
     assert all(row["steps"] == 2 and row["dev_perplexity"] > 1 for row in rows)
     table = (run_dir / "results.md").read_text()
-    assert len(table.splitlines()) == 2 + 2 and "| heads1 | A | 1 | 32 | 64 | 1 | 32 | 32 |" in table
+    assert len(table.splitlines()) == 2 + 2
+    assert "| heads1 | A | 1 | 32 | 64 | 1 | 32 | 32 |" in table
     assert (run_dir / "results.png").stat().st_size > 0
     # Finished variants are read back, not trained again.
     assert table3.main(arguments) == rows

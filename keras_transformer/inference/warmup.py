@@ -9,8 +9,8 @@ writes one `translate_ids` request per compiled shape, then one
 `serving_default` request (its tokenizer ops start up on the first call),
 and, for an export with `translate_n_best` (whose N-best search compiles
 apart), one request of that signature per shape, with sentences whose token
-count falls in each width (`sentences_for_widths`), with the protos of `tensorflow-serving-api`; the built-in server replays the
-same file with `replay_warmup_requests`.
+count falls in each width (`sentences_for_widths`), with the protos of
+`tensorflow-serving-api`; the built-in server replays the same file with `replay_warmup_requests`.
 """
 
 import concurrent.futures

@@ -13,7 +13,6 @@ from keras import ops
 
 from keras_transformer.plots import canvas
 
-
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
 
 _TITLES = {

@@ -50,7 +50,8 @@ def average_checkpoints(paths, output_path=None):
             total += keras.ops.convert_to_numpy(weight)
     for weight, total in zip(model.weights, sums):
         if keras.backend.is_float_dtype(weight.dtype):
-            weight.assign((total / len(paths)).astype(keras.backend.standardize_dtype(weight.dtype)))
+            dtype = keras.backend.standardize_dtype(weight.dtype)
+            weight.assign((total / len(paths)).astype(dtype))
     if output_path:
         run_dir.save_model(model, output_path)
     return model

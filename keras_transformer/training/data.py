@@ -80,7 +80,8 @@ def load_multi30k(data_dir, direction="de-en"):
             "folder holding train.de.gz, train.en.gz, ..."
         )
     return {
-        split: read_parallel(_find(data_dir, f"{stem}.{source}"), _find(data_dir, f"{stem}.{target}"))
+        split: read_parallel(_find(data_dir, f"{stem}.{source}"),
+                             _find(data_dir, f"{stem}.{target}"))
         for split, stem in MULTI30K_FILES.items()
     }
 

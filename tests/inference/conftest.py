@@ -16,7 +16,6 @@ from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.tokenizers import SubwordTokenizer
 from keras_transformer.training.toy_tasks import ToyVocabulary, reverse_task
 
-
 # Few compiled shapes keep the tests' XLA compilations few: 5 sentences run
 # as two chunks of 4.
 SHAPES = dict(batch_sizes=(1, 4), lengths=(16, 64))

@@ -257,7 +257,8 @@ def test_command_line_exports_a_model_that_decodes_to_our_ids(trained, tmp_path,
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--format", "ctranslate2", "--version", "2"], "--version applies only to --format saved_model"),
+    (["--format", "ctranslate2", "--version", "2"],
+     "--version applies only to --format saved_model"),
     (["--quantization", "int8"], "--quantization only applies to --format ctranslate2"),
 ])
 def test_command_line_refuses_options_of_the_other_format(argv, message, tmp_path, capsys):

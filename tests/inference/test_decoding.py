@@ -325,7 +325,8 @@ def test_batched_search_equals_one_sentence_at_a_time(model):
     # Each sentence's beams are gathered from its own rows only: reordering
     # the batch reorders the results.
     order = [2, 0, 1]
-    reordered_ids, reordered_scores = beam_search(model, source[order], BOS, EOS, max_output_length=8)
+    reordered_ids, reordered_scores = beam_search(model, source[order], BOS, EOS,
+                                                  max_output_length=8)
     assert strip(reordered_ids) == [strip(ids)[i] for i in order]
     np.testing.assert_allclose(reordered_scores, scores[order], rtol=1e-5)
     # Padding a sentence to the batch width changes nothing.
@@ -381,7 +382,8 @@ def test_compiled_once_per_shape_and_sees_new_weights(monkeypatch):
     traced = len(traces)
     assert traced > 0
     beam_search(model, source + 0, BOS, EOS, max_output_length=8)
-    beam_search(model, source, BOS, EOS + 1, alpha=1.0, max_output_length=8)  # ids and α are arguments
+    # ids and α are arguments
+    beam_search(model, source, BOS, EOS + 1, alpha=1.0, max_output_length=8)
     assert len(traces) == traced, "same shapes must reuse the compiled search"
     # New weights reach the compiled function without tracing it again.
     set_output_bias(model, EOS, 1e4)

@@ -163,8 +163,9 @@ def test_jit_compiled_call_matches_eager():
     padding = np.array([[1, 1, 1, 0, 0], [1] * 5], bool)
     model_inputs = {"x": keras.Input((5, 8), name="x"),
                     "mask": keras.Input((5,), dtype="bool", name="mask")}
-    model = keras.Model(model_inputs, layer(model_inputs["x"], key_padding_mask=model_inputs["mask"],
-                                            use_causal_mask=True))
+    outputs = layer(model_inputs["x"], key_padding_mask=model_inputs["mask"],
+                    use_causal_mask=True)
+    model = keras.Model(model_inputs, outputs)
     model.compile(jit_compile=keras.backend.backend() != "torch")
     compiled = model.predict({"x": x, "mask": padding}, verbose=0)
     eager = layer(x, key_padding_mask=padding, use_causal_mask=True)

@@ -9,8 +9,8 @@ import os
 import zipfile
 
 import pytest
-
 from helpers import data_mirror, loopback_http, shared_data
+
 from keras_transformer.training import downloads
 from keras_transformer.training.data import load_multi30k, load_tatoeba
 

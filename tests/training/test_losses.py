@@ -36,7 +36,8 @@ def test_zero_smoothing_equals_sparse_categorical_crossentropy_on_real_tokens():
     logits = RNG.normal(size=(1, 4, 6)).astype("float32")
     ours = LabelSmoothedCrossEntropy(label_smoothing=0.0)(labels, logits)
     keras_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
-    np.testing.assert_allclose(ops.convert_to_numpy(ours), ops.convert_to_numpy(keras_loss), rtol=1e-5)
+    np.testing.assert_allclose(ops.convert_to_numpy(ours), ops.convert_to_numpy(keras_loss),
+                               rtol=1e-5)
 
 
 def test_padding_positions_are_ignored():

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training import tokenizers
+from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.tokenizers import SubwordTokenizer
 
 TEXTS = [
@@ -22,7 +22,8 @@ TEXTS = [
 def saved_tokenizers(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tokenizers")
     SubwordTokenizer.train(TEXTS, vocab_size=120).save(str(directory / "sentencepiece"))
-    SubwordTokenizer.train(TEXTS, vocab_size=150, kind="wordpiece").save(str(directory / "wordpiece"))
+    wordpiece = SubwordTokenizer.train(TEXTS, vocab_size=150, kind="wordpiece")
+    wordpiece.save(str(directory / "wordpiece"))
     return directory
 
 
@@ -51,7 +52,8 @@ def test_special_ids_are_fixed_and_live_on_the_tokenizer(sentencepiece, wordpiec
 
 
 def test_sentencepiece_round_trip_is_exact(sentencepiece):
-    texts = ["A man rides a bike.", "Zwei Hunde spielen im Schnee.", "Eine Frau (in Blau) liest ein Buch."]
+    texts = ["A man rides a bike.", "Zwei Hunde spielen im Schnee.",
+             "Eine Frau (in Blau) liest ein Buch."]
     assert sentencepiece.detokenize(sentencepiece.tokenize(texts)) == texts
     assert sentencepiece.vocab_size == 120
 

@@ -11,13 +11,13 @@ on uvicorn (`server.py`).
 """
 
 from keras_transformer.inference.serving.batching import BatchingParameters, BatchScheduler
+from keras_transformer.inference.serving.servable import RequestError, Servable
 from keras_transformer.inference.serving.server import (
     DEFAULT_PORT,
     ServerOptions,
     TranslationServer,
     serve,
 )
-from keras_transformer.inference.serving.servable import RequestError, Servable
 
 __all__ = ["DEFAULT_PORT", "BatchScheduler", "BatchingParameters", "RequestError", "Servable",
            "ServerOptions", "TranslationServer", "serve"]

@@ -2,10 +2,10 @@
 
 `Servable` loads a version written by `keras_transformer.inference.export`,
 replays its warm-up requests, and runs its signatures (two, or three for an
-export with `--n-best`) on lists of instances. `parse_predict_request` turns a TensorFlow Serving REST predict
-body into a `PredictRequest`, checking every instance: a client's mistake
-raises `RequestError` (status 4xx) that names the instance, before anything
-reaches the model.
+export with `--n-best`) on lists of instances. `parse_predict_request` turns
+a TensorFlow Serving REST predict body into a `PredictRequest`, checking
+every instance: a client's mistake raises `RequestError` (status 4xx) that
+names the instance, before anything reaches the model.
 """
 
 import base64

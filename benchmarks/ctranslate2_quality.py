@@ -82,13 +82,13 @@ def main(argv=None):
     if args.threads < 1:
         parser.error("--threads must be positive")
 
-    from keras_transformer import run_dir
+    from keras_transformer import run_files
     from keras_transformer.evaluation import bleu_scores
     from keras_transformer.inference import Translator
     from keras_transformer.inference.ctranslate2_export import export_ctranslate2
 
     sources, references = common.test_set(args.sources, args.references, args.limit)
-    model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(args.run_dir)
+    model, source_tokenizer, target_tokenizer = run_files.load_translation_model(args.run_dir)
     translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
 
     def score(texts):

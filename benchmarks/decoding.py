@@ -306,9 +306,9 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SavedModel's text signatures use its ops)
 
-    from keras_transformer import run_dir
+    from keras_transformer import run_files
     from keras_transformer.inference.export import export_saved_model
-    from keras_transformer.training.tokenizers import WORDPIECE_SPECIAL_TOKENS, SubwordTokenizer
+    from keras_transformer.tokenizers import WORDPIECE_SPECIAL_TOKENS, SubwordTokenizer
 
     model_path = os.path.join(directory, "model.keras")
     if not os.path.exists(model_path):
@@ -317,8 +317,8 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
         vocabulary = WORDPIECE_SPECIAL_TOKENS + [
             f"t{i}" for i in range(len(WORDPIECE_SPECIAL_TOKENS),
                                    model.config.resolved_target_vocab_size)]
-        run_dir.save_tokenizers(directory, SubwordTokenizer("wordpiece", vocabulary))
-        run_dir.save_model(model, model_path)
+        run_files.save_tokenizers(directory, SubwordTokenizer("wordpiece", vocabulary))
+        run_files.save_model(model, model_path)
     source = tf.constant(np.asarray(source, "int32"))
     signatures = {}
 

@@ -99,7 +99,7 @@ def strip_eos(ids, eos_id):
 
 def run_model_part(args):
     """Part 1: float32 and int8 translations of a trained run's test set."""
-    from keras_transformer import run_dir
+    from keras_transformer import run_files
     from keras_transformer.evaluation import bleu_scores
     from keras_transformer.inference import Translator
 
@@ -112,7 +112,7 @@ def run_model_part(args):
 
     details, translators = {}, {}
     for variant in ("float32", args.mode):  # a freshly loaded model for each
-        model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(args.run_dir)
+        model, source_tokenizer, target_tokenizer = run_files.load_translation_model(args.run_dir)
         total, by_dtype = weight_bytes(model)
         details[variant] = {"weight_bytes": total, "weight_bytes_by_dtype": by_dtype}
         if variant != "float32":

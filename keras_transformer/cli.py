@@ -14,7 +14,7 @@
 Training lives in the recipes (`python -m recipes.NAME --help`). A MODEL argument
 is a `.keras` file with its tokenizer beside it, or a run directory (its
 `model.keras`; name `RUN_DIR/model_averaged.keras` for the averaged model, see
-`keras_transformer.run_dir`). Every command line of the package is parsed
+`keras_transformer.run_files`). Every command line of the package is parsed
 here; the library raises, and user mistakes print one line and exit with
 status 2.
 """
@@ -29,10 +29,10 @@ import warnings
 
 
 def _translator(path, max_source_length=None):
-    from keras_transformer import run_dir
+    from keras_transformer import run_files
     from keras_transformer.inference import Translator
 
-    model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(path)
+    model, source_tokenizer, target_tokenizer = run_files.load_translation_model(path)
     return Translator(model, source_tokenizer, target_tokenizer=target_tokenizer,
                       max_source_length=max_source_length)
 
@@ -188,17 +188,17 @@ def _plot(args):
 
 
 def _average(args):
-    from keras_transformer import run_dir
+    from keras_transformer import run_files
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import list_checkpoints
 
     paths = args.checkpoints
     if args.run_dir:
-        checkpoints = run_dir.path(args.run_dir, run_dir.CHECKPOINTS)
+        checkpoints = run_files.path(args.run_dir, run_files.CHECKPOINTS)
         paths = list_checkpoints(checkpoints)[-args.last:]
         if not paths:
             raise FileNotFoundError(f"No step-*.keras checkpoints in {checkpoints}.")
-    output = args.output or (run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
+    output = args.output or (run_files.path(args.run_dir, run_files.AVERAGED_MODEL)
                              if args.run_dir else "averaged.keras")
     average_checkpoints(paths, output)
     print(f"Averaged {len(paths)} checkpoints into {output}")

@@ -33,6 +33,8 @@ from typing import Optional
 
 import numpy as np
 
+from keras_transformer import run_files
+
 
 @dataclasses.dataclass(frozen=True)
 class EvaluationResult:
@@ -173,15 +175,9 @@ def evaluate(
     hypotheses = [" ".join(text.splitlines()) for text in hypotheses]
 
     if hypotheses_path is not None:
-        hypotheses_path = os.fspath(hypotheses_path)
-        folder = os.path.dirname(hypotheses_path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
         # Written whole or not at all: a kill never leaves half a file.
-        partial = f"{hypotheses_path}.partial-{os.getpid()}"
-        with open(partial, "w", encoding="utf-8") as file:
-            file.writelines(text + "\n" for text in hypotheses)
-        os.replace(partial, hypotheses_path)
+        hypotheses_path = os.fspath(hypotheses_path)
+        run_files.write_text(hypotheses_path, "".join(text + "\n" for text in hypotheses))
 
     cased, lowercase = bleu_scores(hypotheses, references, force=bleu_force)
     num_tokens = int(sum(len(row) for row in ids))

@@ -14,7 +14,7 @@ A recipe supplies its corpus and its defaults; `run` does the rest:
 6. with `--validation-curve`, score every checkpoint on the validation split
    (`validation_curve.csv`: BLEU against training time),
 7. with `--export-dir`, export the run's model (`model.keras`, see
-   `keras_transformer.run_dir`) as a TensorFlow SavedModel.
+   `keras_transformer.run_files`) as a TensorFlow SavedModel.
 
 Run it again with the same command after a crash or a kill, at any point: it
 resumes. results.json records the phases that are done ("training", "saved",
@@ -28,7 +28,6 @@ Add `--evaluate-only` to score a finished run again without training.
 import argparse
 import contextlib
 import dataclasses
-import glob
 import json
 import os
 import sys
@@ -250,14 +249,14 @@ def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown_steps=
 def load_or_train_tokenizers(args, corpus):
     """The run's tokenizer(s): reused from the run directory when present, so a
     resumed run keeps its vocabulary."""
-    from keras_transformer import run_dir
-    from keras_transformer.training.tokenizers import SubwordTokenizer
+    from keras_transformer import run_files
+    from keras_transformer.tokenizers import SubwordTokenizer
 
     def saved(directory):
         return os.path.exists(os.path.join(directory, "tokenizer.json"))
 
-    directories = run_dir.tokenizer_directories(args.run_dir, args.separate_vocabularies)
-    other = run_dir.tokenizer_directories(args.run_dir, not args.separate_vocabularies)
+    directories = run_files.tokenizer_directories(args.run_dir, args.separate_vocabularies)
+    other = run_files.tokenizer_directories(args.run_dir, not args.separate_vocabularies)
     if any(map(saved, other)):
         # Learning the other layout beside it would train a new model over
         # the run's checkpoints, whose embeddings have other shapes.
@@ -269,7 +268,7 @@ def load_or_train_tokenizers(args, corpus):
             f"{', '.join(os.path.basename(d) + '/' for d in other)}): resume it with {option}, "
             "or give a new --run-dir.")
     if all(map(saved, directories)):
-        source_tokenizer, target_tokenizer = run_dir.load_tokenizers(args.run_dir)
+        source_tokenizer, target_tokenizer = run_files.load_tokenizers(args.run_dir)
         print(f"Tokenizer: reusing {', '.join(directories)}")
         return source_tokenizer, target_tokenizer
     start = time.time()
@@ -281,7 +280,7 @@ def load_or_train_tokenizers(args, corpus):
                           f"{' and '.join(f'{len(t):,}' for t in texts)} sentences"):
         tokenizers = [SubwordTokenizer.train(t, args.vocab_size, kind=args.tokenizer)
                       for t in texts]
-    run_dir.save_tokenizers(args.run_dir, tokenizers[0], tokenizers[-1])
+    run_files.save_tokenizers(args.run_dir, tokenizers[0], tokenizers[-1])
     print(f"Tokenizer: learned {args.tokenizer} "
           f"{'vocabulary' if len(tokenizers) == 1 else 'vocabularies'} of "
           f"{' and '.join(str(t.vocab_size) for t in tokenizers)} tokens in "
@@ -320,7 +319,7 @@ def run(args, splits, name):
     import keras
 
     import keras_transformer as kt
-    from keras_transformer import backend, distribution, run_dir
+    from keras_transformer import backend, distribution, run_files
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import fit_steps, list_checkpoints, optimizer_step
     from keras_transformer.training.pipeline import make_dataset
@@ -331,7 +330,7 @@ def run(args, splits, name):
     print(f"Recipe {name}: backend {keras.backend.backend()}, precision {args.precision}, "
           f"run directory {args.run_dir}")
     # A resumed run (or the same command again) reads its compiled steps back.
-    backend.use_compilation_cache(run_dir.path(args.run_dir, run_dir.COMPILATION_CACHE))
+    backend.use_compilation_cache(run_files.path(args.run_dir, run_files.COMPILATION_CACHE))
     train, validation, test = splits["train"], splits["validation"], splits["test"]
     print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
           f"{len(test.sources)} test")
@@ -368,8 +367,8 @@ def run(args, splits, name):
         total_steps = max(1, int(round(args.epochs * batches)))
         print(f"Steps: {args.epochs} epochs x {batches} batches = {total_steps} steps")
 
-    results_path = run_dir.path(args.run_dir, run_dir.RESULTS)
-    results = run_dir.read_json(results_path, default={})
+    results_path = run_files.path(args.run_dir, run_files.RESULTS)
+    results = run_files.read_json(results_path, default={})
     if results.get("steps", 0) < total_steps:
         results = {}  # a new run, or one that trains further: every phase again
     phases = results.setdefault("phases", [])
@@ -383,11 +382,11 @@ def run(args, splits, name):
         results.update(figures)
         if phase not in phases:
             phases.append(phase)
-        run_dir.write_json(results_path, results)
+        run_files.write_json(results_path, results)
 
-    for stale in glob.glob(os.path.join(args.run_dir, ".partial-*")):
-        os.remove(stale)  # the temporary file of a save that a kill cut short
-    model_path = run_dir.path(args.run_dir, run_dir.MODEL)
+    for directory in (args.run_dir, run_files.path(args.run_dir, run_files.CHECKPOINTS)):
+        run_files.remove_partials(directory)  # saves that a kill cut short
+    model_path = run_files.path(args.run_dir, run_files.MODEL)
     if "saved" not in phases:
         # fit_steps trains whole windows: the cooldown ends with the last one.
         every = min(args.checkpoint_every, total_steps)
@@ -416,15 +415,15 @@ def run(args, splits, name):
                   f"Trained to step {steps} ({now} steps in this run) in {train_seconds:.0f} s")
             finish("training", recipe=name, backend=keras.backend.backend(), steps=steps,
                    train_seconds=round(train_seconds, 1), parameters=model.count_params())
-        run_dir.save_model(model, model_path)
+        run_files.save_model(model, model_path)
         print(f"Saved {model_path} (tokenizer beside it)")
         finish("saved")
     else:
-        model = run_dir.load_model(model_path)
+        model = run_files.load_model(model_path)
         print(f"Model: {model_path}, trained {results['steps']} steps")
 
-    averaged_path = run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
-    checkpoints = list_checkpoints(run_dir.path(args.run_dir, run_dir.CHECKPOINTS))
+    averaged_path = run_files.path(args.run_dir, run_files.AVERAGED_MODEL)
+    checkpoints = list_checkpoints(run_files.path(args.run_dir, run_files.CHECKPOINTS))
     if "averaged" not in phases and len(checkpoints) > 1:
         average_checkpoints(checkpoints[-args.keep_checkpoints:], averaged_path)
         print(f"Averaged the last {len(checkpoints[-args.keep_checkpoints:])} checkpoints "
@@ -438,7 +437,7 @@ def run(args, splits, name):
                 raise ValueError("--tune-alpha: this corpus has no validation split.")
             tuned = averaged_path if "averaged" in phases else model_path
             finish("tuned", alpha_tuning=tune_alpha(
-                args, run_dir.load_model(tuned), tuned, source_tokenizer, target_tokenizer,
+                args, run_files.load_model(tuned), tuned, source_tokenizer, target_tokenizer,
                 validation))
         args.alpha = results["alpha_tuning"]["alpha"]
         # A finished run given --tune-alpha afterwards: test scores of another α go.
@@ -452,7 +451,7 @@ def run(args, splits, name):
                                                 target_tokenizer, test))
         if "averaged" in phases and "evaluated_averaged" not in phases:
             print(f"Evaluating the averaged model {averaged_path}:")
-            averaged = run_dir.load_model(averaged_path)
+            averaged = run_files.load_model(averaged_path)
             finish("evaluated_averaged", averaged=evaluate_test(
                 args, averaged, source_tokenizer, target_tokenizer, test,
                 "test_hypotheses_averaged"))
@@ -516,17 +515,17 @@ def validation_curve(args, checkpoints, source_tokenizer, target_tokenizer, vali
     import csv
     import io
 
-    from keras_transformer import run_dir
+    from keras_transformer import run_files
     from keras_transformer.evaluation import evaluate
     from keras_transformer.inference import Translator
     from keras_transformer.training.fit import CHECKPOINT_PATTERN
 
-    elapsed = training_seconds_by_step(run_dir.path(args.run_dir, run_dir.TRAINING_LOG))
+    elapsed = training_seconds_by_step(run_files.path(args.run_dir, run_files.TRAINING_LOG))
     sources, references = scored_pairs(args, validation)
     rows = []
     for index, path in enumerate(checkpoints, 1):
         step = int(CHECKPOINT_PATTERN.search(path).group(1))
-        translator = Translator(run_dir.load_model(path), source_tokenizer,
+        translator = Translator(run_files.load_model(path), source_tokenizer,
                                 target_tokenizer=target_tokenizer)
         result = evaluate(translator, sources, references, beam_size=args.beam_size,
                           alpha=args.alpha, verbose=0)
@@ -541,8 +540,8 @@ def validation_curve(args, checkpoints, source_tokenizer, target_tokenizer, vali
                                               "bleu_lowercase"])
     writer.writeheader()
     writer.writerows(rows)
-    path = run_dir.path(args.run_dir, run_dir.VALIDATION_CURVE)
-    run_dir.write_text(path, text.getvalue())
+    path = run_files.path(args.run_dir, run_files.VALIDATION_CURVE)
+    run_files.write_text(path, text.getvalue())
     print(f"Wrote {path}")
     return rows
 
@@ -611,30 +610,30 @@ def evaluate_test(args, model, source_tokenizer, target_tokenizer, test, name="t
 def _evaluate_finished_run(args, test, name):
     """`--evaluate-only`: scores the saved model(s) of a finished run again and
     updates the evaluation figures of its results.json."""
-    from keras_transformer import run_dir
+    from keras_transformer import run_files
 
     if not test.sources:
         raise ValueError("--evaluate-only: this corpus has no test split.")
     try:
-        model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(args.run_dir)
+        model, source_tokenizer, target_tokenizer = run_files.load_translation_model(args.run_dir)
     except FileNotFoundError as error:
         raise FileNotFoundError(
             f"--evaluate-only needs a finished run in {args.run_dir!r}: {error} Train it "
             "first with the same command without --evaluate-only.") from None
-    results_path = run_dir.path(args.run_dir, run_dir.RESULTS)
-    results = run_dir.read_json(results_path, default={"recipe": name})
+    results_path = run_files.path(args.run_dir, run_files.RESULTS)
+    results = run_files.read_json(results_path, default={"recipe": name})
     for key in ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "beam_size",
                 "alpha", "test_sentences", "test_references", "sentences_per_second",
                 "per_pair", "averaged"):
         results.pop(key, None)
     results.update(evaluate_test(args, model, source_tokenizer, target_tokenizer, test))
-    averaged_path = run_dir.path(args.run_dir, run_dir.AVERAGED_MODEL)
+    averaged_path = run_files.path(args.run_dir, run_files.AVERAGED_MODEL)
     if os.path.exists(averaged_path):
         print(f"Evaluating the averaged model {averaged_path}:")
-        results["averaged"] = evaluate_test(args, run_dir.load_model(averaged_path),
+        results["averaged"] = evaluate_test(args, run_files.load_model(averaged_path),
                                             source_tokenizer, target_tokenizer, test,
                                             "test_hypotheses_averaged")
-    run_dir.write_json(results_path, results)
+    run_files.write_json(results_path, results)
     return results
 
 

@@ -29,10 +29,12 @@ import pytest
 from keras import ops
 
 import keras_transformer as kt
-from keras_transformer.training.tokenizers import SubwordTokenizer
+from keras_transformer.tokenizers import SubwordTokenizer
 
+# The repository's root: the working directory of the tests' subprocesses.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
-SHARED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+SHARED_DATA = os.path.join(REPOSITORY, "..", "shared",
                            "data")
 
 

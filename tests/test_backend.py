@@ -11,12 +11,11 @@ import sys
 import keras
 import numpy as np
 import pytest
-from helpers import tiny_model
+from helpers import REPOSITORY, tiny_model
 
 from keras_transformer import backend
 from keras_transformer.training.toy_tasks import ToyVocabulary
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCABULARY = ToyVocabulary(20)
 BOS, EOS = VOCABULARY.bos_id, VOCABULARY.eos_id
 

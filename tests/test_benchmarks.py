@@ -8,8 +8,7 @@ import os
 import keras
 import numpy as np
 import pytest
-
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPOSITORY
 
 
 def load_script(name):

@@ -8,15 +8,13 @@ import sys
 
 import keras
 import pytest
+from helpers import REPOSITORY
 
 import keras_transformer as kt
-from keras_transformer import cli, logs
-from keras_transformer import run_dir as run_dirs
+from keras_transformer import cli, logs, run_files
 from keras_transformer.inference import Translator
+from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
-from keras_transformer.training.tokenizers import SubwordTokenizer
-
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +34,7 @@ def run_dir(tmp_path_factory):
 def loaded(run_dir):
     """The run's model and tokenizer, loaded once: the tests that hand it to
     the command line share its compiled searches."""
-    model, tokenizer, _ = run_dirs.load_translation_model(str(run_dir))
+    model, tokenizer, _ = run_files.load_translation_model(str(run_dir))
     return model, tokenizer
 
 

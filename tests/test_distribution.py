@@ -12,12 +12,11 @@ import sys
 
 import keras
 import pytest
-from helpers import CharTokenizer
+from helpers import REPOSITORY, CharTokenizer
 
 from keras_transformer import distribution
 from keras_transformer.training.pipeline import bucket_plan, make_dataset
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = keras.backend.backend()
 
 SCRIPT = r"""

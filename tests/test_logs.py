@@ -8,6 +8,7 @@ import sys
 
 import keras
 import pytest
+from helpers import REPOSITORY
 
 from keras_transformer import logs
 
@@ -17,7 +18,6 @@ once = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                           reason="backend-independent subprocess test; runs in the "
                                  "tensorflow pass")
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("argv0, expected", [

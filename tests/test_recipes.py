@@ -12,16 +12,14 @@ import time
 
 import keras
 import pytest
-from helpers import data_mirror, loopback_http, shared_data
+from helpers import REPOSITORY, data_mirror, loopback_http, shared_data
 
 import keras_transformer as kt
-from keras_transformer import run_dir as run_dir_files
+from keras_transformer import run_files as run_dir_files
 from keras_transformer.inference.saved_model import read_metadata
 from keras_transformer.training import downloads
 from keras_transformer.training.data import synthetic_translation
 from recipes import anki, average, common, multi30k, quickstart, table3, wmt14
-
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What a test checks here does not depend on the backend (downloads, resuming
 # after a kill, the command lines' errors): it runs once, in the torch pass,
@@ -374,7 +372,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 
 KILL_AT = """
 import os, signal, sys
-from keras_transformer import evaluation, run_dir
+from keras_transformer import evaluation, run_files
 from keras_transformer.inference import export
 from recipes import common, quickstart
 
@@ -384,14 +382,14 @@ def die(*args, **kwargs):
 phase, argv = sys.argv[1], sys.argv[2:]
 if phase in ("saved", "averaged"):
     # Killed inside the atomic save: the temporary file is written, not renamed.
-    save_model, name = run_dir.save_model, {"saved": "model.keras",
+    save_model, name = run_files.save_model, {"saved": "model.keras",
                                             "averaged": "model_averaged.keras"}[phase]
     def save_then_die(model, path):
         if os.path.basename(path) != name:
             return save_model(model, path)
-        model.save(os.path.join(os.path.dirname(path), ".partial-0-" + name))
+        model.save(os.path.join(os.path.dirname(path), f".partial-{os.getpid()}-{name}"))
         die()
-    run_dir.save_model = save_then_die
+    run_files.save_model = save_then_die
 elif phase == "evaluated":
     evaluation.evaluate = die
 elif phase == "exported":

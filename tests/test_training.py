@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.training.tokenizers import SubwordTokenizer
+from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.toy_tasks import ToyVocabulary, copy_task, reverse_task
 
 

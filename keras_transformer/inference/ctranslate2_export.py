@@ -48,12 +48,10 @@ The conversion reads weights only, so it runs under any Keras backend.
 import collections
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 
-from keras_transformer import run_dir
+from keras_transformer import run_files
 from keras_transformer.inference.search import LENGTH_OFFSET, source_limit
 
 __all__ = ["QUANTIZATIONS", "convert_model", "export_ctranslate2", "transformer_spec"]
@@ -87,7 +85,7 @@ def export_ctranslate2(model, output_dir, quantization=None, verbose=True):
 
     Args:
         model: A `.keras` file with its tokenizer beside it, or a run directory
-            (its `model.keras`, see `keras_transformer.run_dir`).
+            (its `model.keras`, see `keras_transformer.run_files`).
         output_dir: The new CTranslate2 model directory. It must not exist or
             be empty; it is written to a hidden sibling and renamed when
             complete.
@@ -104,11 +102,11 @@ def export_ctranslate2(model, output_dir, quantization=None, verbose=True):
     >>> export_ctranslate2("runs/quickstart", "ct2_models/quickstart", quantization="int8")
     'ct2_models/quickstart'
     """
-    model_path = run_dir.resolve_model_path(model)
+    model_path = run_files.resolve_model_path(model)
     _check_quantization(quantization)
     _check_output_dir(output_dir)
     _import_ctranslate2()  # before the model is loaded, to fail fast
-    loaded, source_tokenizer, target_tokenizer = run_dir.load_translation_model(model_path)
+    loaded, source_tokenizer, target_tokenizer = run_files.load_translation_model(model_path)
     convert_model(loaded, source_tokenizer, target_tokenizer, output_dir, quantization)
     if verbose:
         print(f"Exported {model_path} to {output_dir} (CTranslate2 TransformerSpec, weights "
@@ -129,20 +127,11 @@ def convert_model(model, source_tokenizer, target_tokenizer, output_dir, quantiz
     spec.optimize(quantization=quantization)
     settings = _settings(model.config, source_tokenizer, target_tokenizer, quantization)
 
-    output_dir = os.path.abspath(output_dir)
-    parent = os.path.dirname(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    partial = tempfile.mkdtemp(prefix=f".partial-{os.path.basename(output_dir)}-", dir=parent)
-    try:
+    # An empty folder at output_dir (checked above) is replaced by the rename.
+    with run_files.atomic_path(output_dir) as partial:
         spec.save(partial)
         with open(os.path.join(partial, SETTINGS_FILE), "w") as f:
             json.dump(settings, f, indent=2)
-        if os.path.isdir(output_dir):
-            os.rmdir(output_dir)  # empty (checked above); rmdir refuses otherwise
-        os.rename(partial, output_dir)
-    finally:
-        if os.path.exists(partial):
-            shutil.rmtree(partial)
     return output_dir
 
 

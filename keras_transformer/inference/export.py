@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 
-from keras_transformer import run_dir
+from keras_transformer import run_files
 from keras_transformer.inference import saved_model, warmup
 from keras_transformer.inference.decoding import check_model, check_search_options
 from keras_transformer.inference.search import searched_beam_size, smallest_bucket, traced_search
@@ -62,7 +62,7 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
 
     Args:
         model: A `.keras` file with its tokenizer beside it, or a run directory
-            (its `model.keras`, see `keras_transformer.run_dir`).
+            (its `model.keras`, see `keras_transformer.run_files`).
         export_base: The model's serving directory, e.g. `saved_models/NAME`.
         version: Positive integer version; None means one above the highest
             present (1 for a new directory). An existing version is never
@@ -91,7 +91,7 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
 
     check_search_options(beam_size, alpha, max_output_length)
     check_n_best(n_best, beam_size)
-    model_path = run_dir.resolve_model_path(model)
+    model_path = run_files.resolve_model_path(model)
     version = saved_model.next_version(export_base, version)
     options = dict(beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
                    max_source_length=max_source_length, batch_sizes=batch_sizes,
@@ -100,7 +100,7 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
         # The TensorFlow-backend process shows the progress and the summary.
         return _export_in_subprocess(model_path, export_base, version, verbose=verbose,
                                      **options)
-    loaded, source_tokenizer, target_tokenizer = run_dir.load_translation_model(model_path)
+    loaded, source_tokenizer, target_tokenizer = run_files.load_translation_model(model_path)
     path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
                         verbose=verbose, **options)
     if verbose:
@@ -133,9 +133,9 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
     version = saved_model.next_version(export_base, version)
     if keras.backend.backend() != "tensorflow":
         with tempfile.TemporaryDirectory(prefix="keras-transformer-export-") as directory:
-            model_path = run_dir.path(directory, run_dir.MODEL)
-            run_dir.save_model(model, model_path)
-            run_dir.save_tokenizers(directory, source_tokenizer, target_tokenizer)
+            model_path = run_files.path(directory, run_files.MODEL)
+            run_files.save_model(model, model_path)
+            run_files.save_tokenizers(directory, source_tokenizer, target_tokenizer)
             return _export_in_subprocess(
                 model_path, export_base, version, beam_size=beam_size, alpha=alpha,
                 max_output_length=max_output_length, max_source_length=max_source_length,

@@ -15,15 +15,12 @@ process is gone are removed at the next export.
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 
-from keras_transformer import validation
+from keras_transformer import run_files, validation
 
 #: The export's settings, beside the variables, where TensorFlow Serving
 #: keeps extra assets.
 METADATA_PATH = os.path.join("assets.extra", "keras_transformer.json")
-_PARTIAL_PREFIX = ".partial-"
 
 
 def versions(export_base):
@@ -61,21 +58,15 @@ def next_version(export_base, version=None):
 def write_version(export_base, version):
     """Yields a temporary folder to write version `version` into; renames it
     to `export_base/version` when the block ends without an error, and
-    deletes it otherwise."""
+    deletes it otherwise (`run_files.atomic_path`: a hidden, non-numeric
+    name, which TensorFlow Serving ignores while it is written). The
+    temporary folders of exports whose process is gone are removed first."""
     os.makedirs(export_base, exist_ok=True)
-    _remove_abandoned_partials(export_base)
-    final = os.path.join(export_base, str(version))
-    # A hidden, non-numeric name: TensorFlow Serving ignores it while it is written.
-    partial = tempfile.mkdtemp(prefix=f"{_PARTIAL_PREFIX}{version}-{os.getpid()}-",
-                               dir=export_base)
-    try:
+    run_files.remove_partials(export_base)
+    with run_files.atomic_path(os.path.join(export_base, str(version)),
+                               overwrite=False) as partial:
+        os.makedirs(partial)
         yield partial
-        if os.path.exists(final):
-            raise FileExistsError(f"{final} appeared while exporting; nothing was overwritten.")
-        os.rename(partial, final)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
 
 
 def write_metadata(version_path, metadata):
@@ -123,18 +114,3 @@ def load_saved_model(path):
 
     version_path = latest_version_path(path)
     return tf.saved_model.load(version_path), version_path
-
-
-def _remove_abandoned_partials(export_base):
-    """Deletes the temporary folders of exports whose process is gone (killed
-    midway); those of running exports stay."""
-    for name in os.listdir(export_base):
-        parts = name.split("-")
-        if not name.startswith(_PARTIAL_PREFIX) or len(parts) < 4 or not parts[2].isdigit():
-            continue
-        try:
-            os.kill(int(parts[2]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(export_base, name), ignore_errors=True)
-        except PermissionError:  # alive, owned by someone else
-            pass

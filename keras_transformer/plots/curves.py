@@ -9,7 +9,7 @@ import os
 import numpy as np
 from keras import ops
 
-from keras_transformer import run_dir, validation
+from keras_transformer import run_files, validation
 from keras_transformer.layers.embedding import sinusoidal_position_encoding
 from keras_transformer.plots import canvas
 from keras_transformer.training.schedule import NoamSchedule
@@ -147,7 +147,7 @@ def plot_training_log(path, runs, steps_per_window=None):
     figure = canvas.figure(figsize=(12, 4.5))
     loss_axes, accuracy_axes = figure.subplots(1, 2)
     for label, run in runs.items():
-        log_path = run_dir.path(run, run_dir.TRAINING_LOG) if os.path.isdir(run) else run
+        log_path = run_files.path(run, run_files.TRAINING_LOG) if os.path.isdir(run) else run
         if not os.path.exists(log_path):
             raise FileNotFoundError(f"No training log at {log_path!r}: a recipe writes "
                                     "RUN_DIR/training_log.csv.")
@@ -201,7 +201,7 @@ def plot_validation_curve(path, runs):
     figure = canvas.figure(figsize=(7.5, 4.5))
     axes = figure.subplots()
     for label, run in runs.items():
-        curve_path = run_dir.path(run, run_dir.VALIDATION_CURVE) if os.path.isdir(run) else run
+        curve_path = run_files.path(run, run_files.VALIDATION_CURVE) if os.path.isdir(run) else run
         if not os.path.exists(curve_path):
             raise FileNotFoundError(
                 f"No validation curve at {curve_path!r}: train the run with a recipe's "

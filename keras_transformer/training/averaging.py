@@ -11,7 +11,7 @@ import os
 import keras
 import numpy as np
 
-from keras_transformer import run_dir
+from keras_transformer import run_files
 
 
 def average_checkpoints(paths, output_path=None):
@@ -35,10 +35,10 @@ def average_checkpoints(paths, output_path=None):
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f"No checkpoint at {path!r}.")
-    model = run_dir.load_model(paths[-1])
+    model = run_files.load_model(paths[-1])
     sums = [np.asarray(keras.ops.convert_to_numpy(w), dtype="float64") for w in model.weights]
     for path in paths[:-1]:
-        other = run_dir.load_model(path)
+        other = run_files.load_model(path)
         if len(other.weights) != len(model.weights) or any(
             tuple(a.shape) != tuple(b.shape) for a, b in zip(other.weights, model.weights)
         ):
@@ -53,5 +53,5 @@ def average_checkpoints(paths, output_path=None):
             dtype = keras.backend.standardize_dtype(weight.dtype)
             weight.assign((total / len(paths)).astype(dtype))
     if output_path:
-        run_dir.save_model(model, output_path)
+        run_files.save_model(model, output_path)
     return model

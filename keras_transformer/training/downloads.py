@@ -24,6 +24,8 @@ import shutil
 import urllib.parse
 import zipfile
 
+from keras_transformer import run_files
+
 MIRROR_VARIABLE = "KERAS_TRANSFORMER_DATA_MIRROR"
 CACHE_SUBDIR = os.path.join("datasets", "keras_transformer")
 
@@ -206,27 +208,26 @@ def _fetch_member(directory, remote):
     archive_name = os.path.basename(urllib.parse.urlsplit(remote.url).path)
     archive = _download(directory, archive_name, remote.url, None)
     target = os.path.join(directory, remote.name)
-    partial = target + ".part"
     try:
-        try:
-            with zipfile.ZipFile(archive) as zipped, zipped.open(remote.member) as source, \
-                    open(partial, "wb") as output:
-                shutil.copyfileobj(source, output)
-        except (zipfile.BadZipFile, KeyError, EOFError, OSError) as error:
-            raise DownloadError(
-                f"{source_url(remote.url)} is not a zip archive holding {remote.member} "
-                f"({type(error).__name__}: {error}): the download was truncated or "
-                "corrupted. Nothing was kept; run again to retry, or pass a local copy "
-                "(--data).") from error
-        found = sha256_of(partial)
-        if found != remote.sha256:
-            raise DownloadError(
-                f"{remote.member} in {source_url(remote.url)} has sha256 {found}, not the "
-                f"pinned {remote.sha256}: the archive is corrupted or a different release. "
-                "Nothing was kept; run again to retry, or pass a local copy (--data).")
-        os.replace(partial, target)
+        with run_files.atomic_path(target) as partial:
+            try:
+                with zipfile.ZipFile(archive) as zipped, zipped.open(remote.member) as source, \
+                        open(partial, "wb") as output:
+                    shutil.copyfileobj(source, output)
+            except (zipfile.BadZipFile, KeyError, EOFError, OSError) as error:
+                raise DownloadError(
+                    f"{source_url(remote.url)} is not a zip archive holding {remote.member} "
+                    f"({type(error).__name__}: {error}): the download was truncated or "
+                    "corrupted. Nothing was kept; run again to retry, or pass a local copy "
+                    "(--data).") from error
+            found = sha256_of(partial)
+            if found != remote.sha256:
+                raise DownloadError(
+                    f"{remote.member} in {source_url(remote.url)} has sha256 {found}, not the "
+                    f"pinned {remote.sha256}: the archive is corrupted or a different "
+                    "release. Nothing was kept; run again to retry, or pass a local copy "
+                    "(--data).")
     finally:
-        _remove(partial)
         _remove(archive)
 
 

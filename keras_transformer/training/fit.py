@@ -21,7 +21,7 @@ written, so the run directory keeps its last finite state: `fit_steps` raises
 `NonFiniteLossError` naming the step, and the same command, with a lower
 learning rate for instance, resumes from that state.
 
-Its files go where `keras_transformer.run_dir` names them (backup/,
+Its files go where `keras_transformer.run_files` names them (backup/,
 checkpoints/, logs/, training_log.csv).
 """
 
@@ -35,8 +35,7 @@ import time
 import keras
 import numpy as np
 
-from keras_transformer import run_dir as run_files
-from keras_transformer import validation
+from keras_transformer import run_files, validation
 
 CHECKPOINT_PATTERN = re.compile(r"step-(\d+)\.keras$")
 
@@ -161,7 +160,7 @@ class RunBackup(keras.callbacks.BackupAndRestore):
     A backup in Keras's own layout (runs from before) is still restored.
 
     Args:
-        backup_dir: The backup folder (`run_dir.BACKUP`).
+        backup_dir: The backup folder (`run_files.BACKUP`).
         guard: A `NonFiniteGuard`, or None.
     """
 
@@ -172,8 +171,7 @@ class RunBackup(keras.callbacks.BackupAndRestore):
         self.guard = guard
 
     def on_train_begin(self, logs=None):
-        for partial in glob.glob(os.path.join(self.backup_dir, ".partial-*")):
-            os.remove(partial)  # a write that a kill interrupted
+        run_files.remove_partials(self.backup_dir)  # writes that a kill interrupted
         self._load_model()
 
     def _save_model(self):
@@ -181,9 +179,8 @@ class RunBackup(keras.callbacks.BackupAndRestore):
             return
         os.makedirs(self.backup_dir, exist_ok=True)
         name = f"window-{self._current_epoch:06d}.weights.h5"
-        partial = os.path.join(self.backup_dir, ".partial-" + name)
-        self.model.save_weights(partial, overwrite=True)
-        os.replace(partial, os.path.join(self.backup_dir, name))
+        with run_files.atomic_path(os.path.join(self.backup_dir, name)) as partial:
+            self.model.save_weights(partial, overwrite=True)
         run_files.write_json(os.path.join(self.backup_dir, self.STATE),
                              {"epoch": self._current_epoch, "weights": name,
                               "step": optimizer_step(self.model)})

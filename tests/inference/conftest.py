@@ -9,11 +9,11 @@ import keras
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import run_dir
+from keras_transformer import run_files
 from keras_transformer.inference import Translator
 from keras_transformer.inference.export import export_model, export_saved_model
+from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
-from keras_transformer.training.tokenizers import SubwordTokenizer
 from keras_transformer.training.toy_tasks import ToyVocabulary, reverse_task
 
 # Few compiled shapes keep the tests' XLA compilations few: 5 sentences run
@@ -34,10 +34,10 @@ def exported(tmp_path_factory):
     corpus = synthetic_translation(300, seed=0)
     tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=320)
     directory = str(root / "run")
-    run_dir.save_tokenizers(directory, tokenizer)
+    run_files.save_tokenizers(directory, tokenizer)
     config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, num_layers=1)
     model = kt.Transformer(config)
-    run_dir.save_model(model, run_dir.path(directory, run_dir.MODEL))
+    run_files.save_model(model, run_files.path(directory, run_files.MODEL))
     base = str(root / "saved_models" / "tiny")
     beam = export_model(model, tokenizer, tokenizer, base, **SHAPES)
     pad, eos = tokenizer.pad_id, tokenizer.eos_id
@@ -59,7 +59,7 @@ def exported_greedy(exported):
 @pytest.fixture(scope="session")
 def reference_translator(exported):
     """The Python path over the exported run: what the SavedModel must match."""
-    model, source_tokenizer, target_tokenizer = run_dir.load_translation_model(
+    model, source_tokenizer, target_tokenizer = run_files.load_translation_model(
         exported["run_dir"])
     return Translator(model, source_tokenizer, target_tokenizer)
 

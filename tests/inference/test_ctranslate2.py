@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import cli, run_dir
+from keras_transformer import cli, run_files
 from keras_transformer.inference import Translator
 from keras_transformer.inference.ctranslate2_export import (
     convert_model,
@@ -22,9 +22,9 @@ from keras_transformer.inference.ctranslate2_export import (
     transformer_spec,
 )
 from keras_transformer.inference.search import LENGTH_OFFSET
+from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.pipeline import encode_pairs
-from keras_transformer.training.tokenizers import SubwordTokenizer
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -59,8 +59,8 @@ def trained(tmp_path_factory):
     model.fit({"source": _matrix(sources), "target": _matrix([t[:-1] for t in targets])},
               _matrix([t[1:] for t in targets]), batch_size=64, epochs=6, verbose=0)
     directory = str(tmp_path_factory.mktemp("ct2") / "run")
-    run_dir.save_tokenizers(directory, tokenizer)
-    run_dir.save_model(model, run_dir.path(directory, run_dir.MODEL))
+    run_files.save_tokenizers(directory, tokenizer)
+    run_files.save_model(model, run_files.path(directory, run_files.MODEL))
     sentences = synthetic_translation(100, seed=7, num_words=NUM_WORDS).sources
     return dict(model=model, tokenizer=tokenizer, run_dir=directory,
                 sentences=sentences + ["xyzzy quux"],

@@ -8,7 +8,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from helpers import tiny_model
+from helpers import REPOSITORY, tiny_model
 from keras import ops
 
 from keras_transformer.inference import beam_search, greedy_search, length_penalty
@@ -20,7 +20,6 @@ BACKENDS = ("tensorflow", "jax", "torch")
 # The special ids of every test here, read from a tokenizer-like vocabulary.
 VOCABULARY = ToyVocabulary(20)
 BOS, EOS = VOCABULARY.bos_id, VOCABULARY.eos_id
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def source_batch(batch_size=3, width=7, vocab_size=20, seed=0):

@@ -13,18 +13,17 @@ import time
 import keras
 import numpy as np
 import pytest
+from helpers import REPOSITORY
 
-from keras_transformer import cli
+from keras_transformer import cli, run_files
 from keras_transformer.inference import beam_search
 from keras_transformer.inference.export import export_saved_model
 from keras_transformer.inference.saved_model import (
-    _remove_abandoned_partials,
     latest_version_path,
     load_saved_model,
     read_metadata,
 )
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
 # What a serving process needs: TensorFlow and tensorflow_text, nothing of ours.
@@ -158,7 +157,7 @@ def test_killed_export_leaves_no_version_directory(exported, tmp_path):
     with pytest.raises(FileNotFoundError, match="no version directory"):
         latest_version_path(str(base))
     # The next export removes what the killed one left.
-    _remove_abandoned_partials(str(base))
+    run_files.remove_partials(str(base))
     assert os.listdir(base) == []
 
 

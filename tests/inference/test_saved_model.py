@@ -31,7 +31,7 @@ def test_a_version_appears_only_when_complete(tmp_path):
     with saved_model.write_version(base, 1) as partial:
         saved_model.write_metadata(partial, {"beam_size": 4})
         assert saved_model.versions(base) == []
-        assert os.path.basename(partial).startswith(".partial-1-")
+        assert os.path.basename(partial) == f".partial-{os.getpid()}-1"
     assert os.listdir(base) == ["1"]
     assert saved_model.read_metadata(os.path.join(base, "1")) == {"beam_size": 4}
 
@@ -46,8 +46,8 @@ def test_a_failed_write_leaves_nothing(tmp_path):
 
 
 def test_partials_of_dead_processes_are_removed(tmp_path):
-    dead = tmp_path / ".partial-1-999999999-abc"  # no such process
-    alive = tmp_path / f".partial-2-{os.getpid()}-abc"
+    dead = tmp_path / ".partial-999999999-1"  # no such process
+    alive = tmp_path / f".partial-{os.getpid()}-2"
     dead.mkdir()
     alive.mkdir()
     with saved_model.write_version(str(tmp_path), 3):

@@ -30,6 +30,7 @@ import types
 import keras
 import numpy as np
 import pytest
+from helpers import REPOSITORY
 
 from keras_transformer.inference.serving import (
     BatchingParameters,
@@ -56,7 +57,6 @@ HEADER_TIMEOUT = BODY_TIMEOUT = 1.0
 LOAD_TIMEOUT = 300.0  # loading and warming up one version
 ANSWER_TIMEOUT = 60.0  # any one HTTP answer
 GOOD_SENTENCE = "nusi kave wipe vera peka"
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # A raw HTTP/1.1 client: the malformed requests below are malformed on
@@ -173,8 +173,8 @@ def model(tmp_path_factory):
     `saved_models/tiny/1` with one compiled shape."""
     import keras_transformer as kt
     from keras_transformer.inference.export import export_model
+    from keras_transformer.tokenizers import SubwordTokenizer
     from keras_transformer.training.data import synthetic_translation
-    from keras_transformer.training.tokenizers import SubwordTokenizer
 
     keras.utils.set_random_seed(0)
     corpus = synthetic_translation(300, seed=0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import run_dir
+from keras_transformer import run_files
 from keras_transformer.training.fit import (
     NonFiniteLossError,
     TimeBudget,
@@ -47,8 +47,8 @@ def checkpoint_steps(directory):
 
 def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite_state(
         tmp_path):
-    checkpoints = run_dir.path(tmp_path, run_dir.CHECKPOINTS)
-    state_path = os.path.join(run_dir.path(tmp_path, run_dir.BACKUP), "state.json")
+    checkpoints = run_files.path(tmp_path, run_files.CHECKPOINTS)
+    state_path = os.path.join(run_files.path(tmp_path, run_files.BACKUP), "state.json")
     fit_steps(compiled_tiny_model(1e-3), reverse_dataset(), tmp_path, 4, checkpoint_every=2,
               verbose=0)
     assert checkpoint_steps(checkpoints) == [2, 4]
@@ -62,7 +62,7 @@ def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite
     with open(state_path) as f:
         assert json.load(f)["step"] == 4
     for path in list_checkpoints(checkpoints):
-        assert weights_are_finite(run_dir.load_model(path))
+        assert weights_are_finite(run_files.load_model(path))
 
     # The same run with a sane rate resumes from step 4, not from the NaN state.
     model = compiled_tiny_model(1e-3)
@@ -74,14 +74,14 @@ def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite
 
 
 def test_backup_ignores_a_write_that_a_kill_interrupted(tmp_path):
-    backup = run_dir.path(tmp_path, run_dir.BACKUP)
+    backup = run_files.path(tmp_path, run_files.BACKUP)
     fit_steps(compiled_tiny_model(1e-3), reverse_dataset(), tmp_path, 2, checkpoint_every=2,
               verbose=0)
     assert sorted(os.listdir(backup)) == ["state.json", "window-000001.weights.h5"]
     # Killed while writing window 2: a truncated file under its temporary
     # name; killed after its rename but before state.json: a complete file
     # that state.json does not name yet.
-    with open(os.path.join(backup, ".partial-window-000002.weights.h5"), "wb") as f:
+    with open(os.path.join(backup, ".partial-999999999-window-000002.weights.h5"), "wb") as f:
         f.write(b"\x89HDF\r\n")
     with open(os.path.join(backup, "window-000002.weights.h5"), "wb") as f:
         f.write(b"not read")

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
+from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.pipeline import bucket_plan, encode_pairs, make_dataset
-from keras_transformer.training.tokenizers import SubwordTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
-"""The run directory: where a training run (§5) keeps its files, and which model is "the" model.
+"""A run's files (§5): their places, how they are written, and which model is "the" model.
 
-Every path of a run is named here, once; the recipes, the training loop,
-checkpoint averaging (§6.1), evaluation, export and serving all ask this module:
+Every path of a run is named here, once; the training loop, the resumable
+run, checkpoint averaging (§6.1), evaluation, export and serving all ask this
+module:
 
     RUN_DIR/
       tokenizer/             the shared subword vocabulary (or source_tokenizer/
@@ -18,18 +19,22 @@ checkpoint averaging (§6.1), evaluation, export and serving all ask this module
 Which model is the model: `model.keras`, always. `translate`, `evaluate`,
 `export` and `serve` given a run directory use it, and the recipes export it.
 The averaged model is a file beside it, used only when named
-(`RUN_DIR/model_averaged.keras`). Averaging the last checkpoints helps a run
-that has converged (the paper's; Multi30k de→en: BLEU 37.63 against 36.78)
-but can hurt a short one whose early checkpoints are far from trained (the
-1100-step Tatoeba run: 18.86 against 29.71), so it is never picked silently.
+(`RUN_DIR/model_averaged.keras`): averaging the last checkpoints helps a run
+that has converged but can hurt a short one whose early checkpoints are far
+from trained, so it is never picked silently.
 
-Files are written atomically (`save_model`, `write_json`): a temporary file
-beside the target, then a rename, so a killed process never leaves a
-truncated model or results file where a later command would trust it.
+Every file and folder the package writes for later commands to trust (models,
+checkpoints, the backup, results, hypotheses, SavedModel versions,
+CTranslate2 models) is written through `atomic_path`: under a hidden
+temporary name beside its place, `.partial-PID-NAME`, then renamed, so a
+killed process never leaves a truncated file where a later command would
+read it. `remove_partials` deletes the leftovers of killed writers.
 """
 
+import contextlib
 import json
 import os
+import shutil
 
 MODEL = "model.keras"
 AVERAGED_MODEL = "model_averaged.keras"
@@ -69,7 +74,7 @@ def save_tokenizers(run_dir, source_tokenizer, target_tokenizer=None):
 def load_tokenizers(run_dir):
     """(source_tokenizer, target_tokenizer) saved in `run_dir` (the folder of a
     model file); the same object twice for a shared vocabulary."""
-    from keras_transformer.training.tokenizers import SubwordTokenizer
+    from keras_transformer.tokenizers import SubwordTokenizer
 
     shared, = tokenizer_directories(run_dir)
     if os.path.isdir(shared):
@@ -157,7 +162,7 @@ def load_model(model_path):
             f"to run ({detail}): a Lambda layer, or a class or function from a module that "
             "neither Keras nor keras-transformer defines. It is not a model that "
             "keras-transformer's recipes write: use a .keras file written by a recipe or "
-            "run_dir.save_model, from a source you trust."
+            "run_files.save_model, from a source you trust."
         ) from error
 
 
@@ -173,16 +178,9 @@ def load_translation_model(model):
 
 def save_model(model, model_path):
     """`model.save(model_path)`, atomically."""
-    directory = os.path.dirname(os.path.abspath(model_path))
-    os.makedirs(directory, exist_ok=True)
-    # Keras picks the format by the suffix, so the temporary name keeps it.
-    partial = os.path.join(directory, f".partial-{os.getpid()}-{os.path.basename(model_path)}")
-    try:
+    # Keras picks the format by the suffix, which the temporary name keeps.
+    with atomic_path(model_path) as partial:
         model.save(partial)
-        os.replace(partial, model_path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
 
 
 def read_json(json_path, default=None):
@@ -199,9 +197,83 @@ def write_json(json_path, data):
 
 
 def write_text(text_path, text):
-    """Writes `text` to `text_path` atomically: a temporary file beside it,
-    then a rename."""
-    partial = f"{text_path}.partial-{os.getpid()}"
-    with open(partial, "w", newline="") as f:
+    """Writes `text` (UTF-8, line endings as given) to `text_path`, atomically."""
+    with atomic_path(text_path) as partial, open(partial, "w", encoding="utf-8",
+                                                 newline="") as f:
         f.write(text)
-    os.replace(partial, text_path)
+
+
+PARTIAL_PREFIX = ".partial-"
+
+
+@contextlib.contextmanager
+def atomic_path(final_path, overwrite=True):
+    """Yields a temporary path to write a file or a folder into; renames it to
+    `final_path` when the block ends without an error, and removes it
+    otherwise.
+
+    The temporary path lies beside `final_path` (the same file system, so the
+    rename is atomic) and is hidden: `.partial-PID-NAME`, NAME being
+    `final_path`'s own name, suffix included. Servers that watch a folder
+    (TensorFlow Serving's numbered versions) ignore it while it is written.
+
+    Args:
+        final_path: Where the file or folder goes; its folder is created.
+        overwrite: Whether an existing file (or empty folder) at `final_path`
+            may be replaced; with False, one that exists when the write ends
+            raises `FileExistsError` and nothing is replaced.
+    """
+    final_path = os.path.abspath(os.fspath(final_path))
+    directory, name = os.path.split(final_path)
+    os.makedirs(directory, exist_ok=True)
+    partial = os.path.join(directory, f"{PARTIAL_PREFIX}{os.getpid()}-{name}")
+    _remove(partial)
+    try:
+        yield partial
+        if not overwrite and os.path.exists(final_path):
+            raise FileExistsError(f"{final_path} appeared while it was written; nothing was "
+                                  "overwritten.")
+        os.replace(partial, final_path)
+    finally:
+        _remove(partial)
+
+
+def remove_partials(directory):
+    """Removes the temporary files and folders that `atomic_path` left in
+    `directory` for writers that were killed (their process is gone); those of
+    running processes stay.
+
+    Returns:
+        The names removed.
+    """
+    removed = []
+    if not os.path.isdir(directory):
+        return removed
+    for name in os.listdir(directory):
+        pid = name[len(PARTIAL_PREFIX):].split("-", 1)[0]
+        if not name.startswith(PARTIAL_PREFIX) or not pid.isdigit() or _is_running(int(pid)):
+            continue
+        _remove(os.path.join(directory, name))
+        removed.append(name)
+    return removed
+
+
+def _is_running(pid):
+    if pid <= 0:  # not a process of ours (0 would signal our own group)
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from keras_transformer.training import tokenizers
+from keras_transformer import tokenizers
+from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
-from keras_transformer.training.tokenizers import SubwordTokenizer
 
 TEXTS = [
     "A man rides a bike.", "Two dogs play in the snow!", "Ein Mann fährt Fahrrad.",

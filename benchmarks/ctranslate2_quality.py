@@ -102,8 +102,9 @@ def main(argv=None):
         # A first, untimed pass compiles every shape the set needs.
         translator.translate(sources, beam_size=beam_size, alpha=alpha, batch_size=BATCH)
         start = time.perf_counter()
-        texts, ids = translator.translate(sources, beam_size=beam_size, alpha=alpha,
-                                          batch_size=BATCH, return_ids=True)
+        results = translator.translate(sources, beam_size=beam_size, alpha=alpha,
+                                       batch_size=BATCH)
+        texts, ids = [result.text for result in results], [result.ids for result in results]
         seconds = time.perf_counter() - start
         ours[label] = [list(row)[:-1] if list(row)[-1:] == [target_tokenizer.eos_id]
                        else list(row) for row in ids]

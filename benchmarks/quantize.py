@@ -135,9 +135,10 @@ def run_model_part(args):
 
     def translate(variant, beam_size, alpha):
         start = time.perf_counter()
-        texts, ids = translators[variant].translate(
-            sources, beam_size=beam_size, alpha=alpha, batch_size=BATCH, return_ids=True)
-        return texts, [strip_eos(row, eos) for row in ids], time.perf_counter() - start
+        results = translators[variant].translate(
+            sources, beam_size=beam_size, alpha=alpha, batch_size=BATCH)
+        return ([result.text for result in results],
+                [strip_eos(result.ids, eos) for result in results], time.perf_counter() - start)
 
     rows = []
     for label, beam_size, alpha in SEARCHES:

@@ -103,7 +103,11 @@ def _write_translations(translator, lines, out, batch_size, n_best, search, unit
     before reading on. Empty lines are not decoded. With
     `search["return_alignment"]`, each translation is followed by a tab and
     its alignment."""
-    from keras_transformer.inference.translator import SourceTruncatedWarning
+    from keras_transformer.inference.translator import (
+        Hypothesis,
+        SourceTruncatedWarning,
+        Translation,
+    )
 
     num_return = n_best or 1
     aligned = search.get("return_alignment", False)
@@ -115,31 +119,23 @@ def _write_translations(translator, lines, out, batch_size, n_best, search, unit
             warnings.simplefilter("ignore", SourceTruncatedWarning)
             # Input line numbers name the random streams of sampling, so a
             # line's samples do not depend on --batch-size.
-            translations, scores, truncated, *alignments = translator.translate(
+            results = translator.translate(
                 [batch[row] for row in rows], batch_size=batch_size, num_return=num_return,
-                return_scores=True, return_truncated=True,
                 stream_ids=[first + row for row in rows], **search)
-        if num_return == 1:  # as n-best lists of one
-            translations = [[(text, score)] for text, score in zip(translations, scores)]
-            alignments = [[[positions] for positions in part] for part in alignments]
-        alignments = alignments[0] if aligned else [[[]] * num_return] * len(rows)
-        # (text, score, alignment) of each hypothesis of each line read.
-        hypotheses = [[("", 0.0, [])] * num_return for _ in batch]
-        for row, row_hypotheses, row_alignments, cut in zip(rows, translations, alignments,
-                                                             truncated):
-            hypotheses[row] = [(text, score, positions) for (text, score), positions
-                               in zip(row_hypotheses, row_alignments)]
-            if cut:
+        translations = [Translation([Hypothesis("", 0.0, [], [])] * num_return)] * len(batch)
+        for row, result in zip(rows, results):
+            translations[row] = result
+            if result.truncated:
                 print(f"warning: {unit} {first + row + 1} is longer than max_source_length="
                       f"{translator.max_source_length} (tokens + EOS); it was translated "
                       "truncated to it", file=sys.stderr)
-        for index, row_hypotheses in enumerate(hypotheses, start=first):
-            for text, score, positions in row_hypotheses:
-                fields = [] if n_best is None else [str(index), f"{score:.4f}"]
-                fields.append(_one_line(text))
+        for index, result in enumerate(translations, start=first):
+            for hypothesis in result.hypotheses:
+                fields = [] if n_best is None else [str(index), f"{hypothesis.score:.4f}"]
+                fields.append(_one_line(hypothesis.text))
                 if aligned:
-                    fields.append(" ".join(f"{source}-{target}"
-                                           for target, source in enumerate(positions)))
+                    fields.append(" ".join(f"{source}-{target}" for target, source
+                                           in enumerate(hypothesis.alignment)))
                 out.write("\t".join(fields) + "\n")
         out.flush()
         first += len(batch)

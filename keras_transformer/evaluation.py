@@ -166,13 +166,13 @@ def evaluate(
     """
     _check_parallel(sources, references, "sources")
     start = time.perf_counter()
-    hypotheses, ids, truncated = translator.translate(
+    translations = translator.translate(
         list(sources), beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
-        batch_size=batch_size, return_ids=True, return_truncated=True, verbose=verbose,
+        batch_size=batch_size, verbose=verbose,
     )
     seconds = time.perf_counter() - start
     # One hypothesis per line, whatever the detokenizer produced.
-    hypotheses = [" ".join(text.splitlines()) for text in hypotheses]
+    hypotheses = [" ".join(result.text.splitlines()) for result in translations]
 
     if hypotheses_path is not None:
         # Written whole or not at all: a kill never leaves half a file.
@@ -180,7 +180,7 @@ def evaluate(
         run_files.write_text(hypotheses_path, "".join(text + "\n" for text in hypotheses))
 
     cased, lowercase = bleu_scores(hypotheses, references, force=bleu_force)
-    num_tokens = int(sum(len(row) for row in ids))
+    num_tokens = int(sum(len(result.ids) for result in translations))
     per_second = 1.0 / max(seconds, 1e-9)
     return EvaluationResult(
         bleu=float(cased.score),
@@ -194,7 +194,7 @@ def evaluate(
         tokens_per_second=num_tokens * per_second,
         hypotheses=hypotheses,
         hypotheses_path=hypotheses_path,
-        num_truncated=int(sum(truncated)),
+        num_truncated=sum(result.truncated for result in translations),
     )
 
 

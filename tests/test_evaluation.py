@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from helpers import CharTokenizer, tiny_model
 
+from keras_transformer import evaluation
 from keras_transformer.evaluation import EvaluationResult, bleu_scores, evaluate, group_references
-from keras_transformer.inference import Translator
+from keras_transformer.inference import Hypothesis, Translation, Translator
 
 
 class FixedTranslator:
@@ -22,12 +23,10 @@ class FixedTranslator:
         self.translations = translations
         self.calls = []
 
-    def translate(self, sentences, return_ids=False, return_truncated=False, **kwargs):
+    def translate(self, sentences, **kwargs):
         self.calls.append(kwargs)
-        texts = [self.translations[s] for s in sentences]
-        ids = [[7] * (len(t.split()) + 1) for t in texts]
-        results = [texts] + [ids] * return_ids + [[False] * len(texts)] * return_truncated
-        return tuple(results) if len(results) > 1 else texts
+        return [Translation([Hypothesis(text, 0.0, [7] * (len(text.split()) + 1))])
+                for text in (self.translations[s] for s in sentences)]
 
 
 SOURCES = ["ein Mann", "zwei Hunde", "eine Frau"]
@@ -57,15 +56,16 @@ def test_scores_are_cased_and_lowercased_bleu_on_13a_tokens(tmp_path):
                                  "batch_size": 2, "verbose": 0}]
 
 
-def test_speed_counts_sentences_and_output_tokens():
+def test_speed_counts_sentences_and_output_tokens(monkeypatch):
     translator = FixedTranslator(dict(zip(SOURCES, REFERENCES)))
+    # The translation starts at 100 s and ends at 104 s on the clock.
+    clock = iter([100.0, 104.0])
+    monkeypatch.setattr(evaluation.time, "perf_counter", lambda: next(clock))
     result = evaluate(translator, SOURCES, REFERENCES, verbose=0)
     assert result.bleu == pytest.approx(100.0)
-    assert result.num_sentences == 3
-    assert result.num_tokens == sum(len(r.split()) + 1 for r in REFERENCES)
-    assert result.seconds > 0
-    assert result.sentences_per_second == pytest.approx(3 / result.seconds)
-    assert result.tokens_per_second == pytest.approx(result.num_tokens / result.seconds)
+    # 7 + 7 + 7 words, and EOS after each.
+    assert (result.num_sentences, result.num_tokens, result.seconds) == (3, 24, 4.0)
+    assert (result.sentences_per_second, result.tokens_per_second) == (0.75, 6.0)
     assert result.hypotheses_path is None
     assert "BLEU 100.00" in result.summary()
 
@@ -106,7 +106,8 @@ def test_evaluates_a_real_translator_with_a_progress_bar(tmp_path, capsys):
     result = evaluate(translator, sources, references, hypotheses_path=path, **search)
     assert "4/4" in capsys.readouterr().out
     # What the translator gives, written line by line, scored, and its ids counted.
-    texts, ids = translator.translate(sources, return_ids=True, **search)
+    results = translator.translate(sources, **search)
+    texts, ids = [r.text for r in results], [r.ids for r in results]
     assert result.hypotheses == texts and texts[2] == "" and ids[2] == []
     assert path.read_text(encoding="utf-8").split("\n") == texts + [""]
     assert result.num_tokens == sum(len(row) for row in ids)

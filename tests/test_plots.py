@@ -53,7 +53,8 @@ def test_translation_attention_writes_three_figures(tmp_path):
     model.target_embedding.output_bias.assign(bias)
     translator = Translator(model, TOKENIZER)
     search = {"beam_size": 2, "max_output_length": 4}
-    _, (output,) = translator.translate(["bad "], return_ids=True, **search)
+    [translation] = translator.translate(["bad "], **search)
+    output = translation.ids
     assert len(output) == 4 and TOKENIZER.eos_id not in output
     paths = plots.plot_translation_attention(translator, "bad ", tmp_path, prefix="example",
                                              **search)

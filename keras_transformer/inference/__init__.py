@@ -6,7 +6,12 @@ from keras_transformer.inference.decoding import (
     length_penalty,
     sample_search,
 )
-from keras_transformer.inference.translator import SourceTruncatedWarning, Translator
+from keras_transformer.inference.translator import (
+    Hypothesis,
+    SourceTruncatedWarning,
+    Translation,
+    Translator,
+)
 
-__all__ = ["SourceTruncatedWarning", "Translator", "beam_search", "greedy_search",
-           "length_penalty", "sample_search"]
+__all__ = ["Hypothesis", "SourceTruncatedWarning", "Translation", "Translator", "beam_search",
+           "greedy_search", "length_penalty", "sample_search"]

@@ -5,7 +5,8 @@ a target tokenizer for separate vocabularies): it tokenizes the sentences,
 appends the end-of-sentence id (the encoder input, no BOS), sorts them by
 length so that each batch holds sentences of similar length, runs
 `beam_search` batch by batch, and detokenizes the best hypotheses (or the
-n best of each sentence) back into the caller's order.
+n best of each sentence) back into the caller's order, one `Translation` per
+sentence.
 
 Tokenizers are duck-typed. They need the attributes `pad_id`, `bos_id`,
 `eos_id` and `vocab_size`, `tokenize(list_of_str) -> list[list[int]]` (ids
@@ -15,6 +16,7 @@ ignores special ids).
 
 import dataclasses
 import warnings
+from typing import Optional
 
 import keras
 import numpy as np
@@ -29,10 +31,63 @@ from keras_transformer.inference.decoding import (
 )
 from keras_transformer.inference.search import source_limit, source_width, truncate_source
 
-__all__ = ["SourceTruncatedWarning", "Translator"]
+__all__ = ["Hypothesis", "SourceTruncatedWarning", "Translation", "Translator"]
 
 _TOKENIZER_ATTRIBUTES = ("pad_id", "bos_id", "eos_id", "vocab_size")
 _TOKENIZER_METHODS = ("tokenize", "detokenize")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    """One output of the search for one sentence.
+
+    Attributes:
+        text: The detokenized translation.
+        score: log P(Y | X) / lp(Y) for beam search (§6.1), log P(Y | X) for
+            a sample.
+        ids: The output ids, up to and including EOS when one was generated.
+        alignment: With `return_alignment`, the source position of each
+            output id (EOS left out); None otherwise.
+    """
+
+    text: str
+    score: float
+    ids: list
+    alignment: Optional[list] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+    """What `Translator.translate` gives for one sentence.
+
+    Attributes:
+        hypotheses: `num_return` `Hypothesis`es, best first (in the order
+            drawn when sampling).
+        truncated: Whether the source was longer than `max_source_length`
+            and was translated from its first tokens.
+
+    The first hypothesis is "the" translation: `text`, `score`, `ids` and
+    `alignment` are its own.
+    """
+
+    hypotheses: list
+    truncated: bool = False
+
+    @property
+    def text(self):
+        return self.hypotheses[0].text
+
+    @property
+    def score(self):
+        return self.hypotheses[0].score
+
+    @property
+    def ids(self):
+        return self.hypotheses[0].ids
+
+    @property
+    def alignment(self):
+        return self.hypotheses[0].alignment
 
 
 class SourceTruncatedWarning(UserWarning):
@@ -47,7 +102,7 @@ class Translator:
     tokenizes to no ids (e.g. an empty string) translates to "" with score 0.0
     and no ids, without running the model. A sentence longer than
     `max_source_length` (ids + EOS) is truncated to its first tokens and EOS,
-    translated, flagged (`return_truncated`) and named in a
+    translated, flagged (`Translation.truncated`) and named in a
     `SourceTruncatedWarning`; it never fails the other sentences. The
     exported SavedModel applies the same rule at its own limit, its longest
     compiled width (by default `config.max_length`; see
@@ -70,12 +125,13 @@ class Translator:
     Example:
 
     >>> translator = Translator(model, tokenizer)
-    >>> translator.translate(["Ein Mann fährt Fahrrad."])
-    ['A man rides a bike.']
-    >>> texts, scores = translator.translate(["Ein Hund."], return_scores=True)
-    >>> translator.translate(["Ein Hund."], num_return=2)  # the 2 best of the beam
-    [[('A dog.', -0.21), ('One dog.', -0.93)]]
-    >>> translator.translate(["Ein Hund."], sampling=Sampling(top_p=0.9, seed=1))
+    >>> [result] = translator.translate(["Ein Mann fährt Fahrrad."])
+    >>> result.text, round(result.score, 2)
+    ('A man rides a bike.', -0.35)
+    >>> [(h.text, round(h.score, 2)) for h in
+    ...  translator.translate(["Ein Hund."], num_return=2)[0].hypotheses]  # the 2 best
+    [('A dog.', -0.21), ('One dog.', -0.93)]
+    >>> translator.translate(["Ein Hund."], sampling=Sampling(top_p=0.9, seed=1))[0].text
     """
 
     def __init__(self, model, tokenizer, target_tokenizer=None, max_source_length=None):
@@ -158,14 +214,11 @@ class Translator:
         alpha=0.6,
         max_output_length=None,
         batch_size=32,
-        return_scores=False,
-        return_ids=False,
-        return_truncated=False,
-        verbose=0,
         num_return=1,
         sampling=None,
         stream_ids=None,
         return_alignment=False,
+        verbose=0,
     ):
         """Translates a list of sentences.
 
@@ -177,14 +230,7 @@ class Translator:
             max_output_length: Most output tokens per sentence; None means its
                 source length + 50 (§6.1).
             batch_size: Sentences decoded together.
-            return_scores: Whether to also return each translation's score,
-                log P(Y | X) / lp(Y).
-            return_ids: Whether to also return each translation's output ids
-                (up to and including EOS when one was generated).
-            return_truncated: Whether to also return a bool per sentence,
-                true where the source was truncated to `max_source_length`.
-            verbose: 1 shows a progress bar, 0 is silent.
-            num_return: Translations per sentence (an n-best list), from 1 to
+            num_return: Hypotheses per sentence (an n-best list), from 1 to
                 `beam_size`; with `sampling`, samples per sentence.
             sampling: None for beam search, or a `Sampling` to draw each
                 token instead (`sample_search`; `beam_size` and `alpha` are
@@ -193,24 +239,22 @@ class Translator:
                 random stream; None numbers the sentences 0, 1, ... as
                 given. A sentence's samples depend on its seed and stream id
                 alone, not on `batch_size` or the other sentences.
-            return_alignment: Whether to also return, for each translation,
+            return_alignment: Whether to fill each hypothesis's `alignment`:
                 the source position of each of its output ids (EOS left
-                out): the source token, counted from 0 in
+                out), the source token, counted from 0 in
                 `tokenizer.tokenize`'s ids, of highest encoder-decoder
                 attention in the last decoder block, averaged over heads
                 (fairseq's `--print-alignment`).
+            verbose: 1 shows a progress bar, 0 is silent.
 
         Returns:
-            The list of translations, in the order of `sentences`; with any
-            of the `return_*` flags, the tuple
-            `(translations, scores, ids, truncated)` without the parts not
-            asked for, and the alignments last with `return_alignment`. With
-            `num_return > 1`, each sentence's translation is a list of
-            `num_return` `(translation, score)` pairs, best first, and its
-            scores, ids and alignments are lists of `num_return` too. An empty
-            sentence gives `num_return` times `("", 0.0)`; a hypothesis the
-            search could not fill (only with a vocabulary of very few tokens)
-            is `("", -inf)`.
+            A list of `Translation`s, one per sentence, in the order of
+            `sentences`: each holds `num_return` `Hypothesis`es (best first,
+            or in the order drawn with `sampling`) and whether the source
+            was truncated; `translation.text` is the first hypothesis's text.
+            An empty sentence gives hypotheses `("", 0.0)` without ids; a
+            hypothesis the search could not fill (only with a vocabulary of
+            very few tokens) is `("", -inf)`.
         """
         validation.check_positive_int("batch_size", batch_size)
         if sampling is None:
@@ -228,12 +272,9 @@ class Translator:
         elif len(stream_ids) != count:
             raise ValueError(f"stream_ids has {len(stream_ids)} ids for {count} sentences: "
                              "give one per sentence.")
-        # One row of num_return hypotheses per sentence; with num_return=1,
-        # the row is unpacked again below.
-        output_ids = [[[] for _ in range(num_return)] for _ in range(count)]
-        alignments = [[[] for _ in range(num_return)] for _ in range(count)]
-        scores = np.zeros((count, num_return), "float32")
-
+        # num_return hypotheses per sentence: (ids, score, alignment) each.
+        found = [[([], 0.0, [] if return_alignment else None)] * num_return
+                 for _ in range(count)]
         pad_id, eos_id = self._model.config.pad_id, self._target_tokenizer.eos_id
         options = dict(max_output_length=max_output_length, num_return=num_return,
                        return_alignment=return_alignment)
@@ -251,7 +292,7 @@ class Translator:
             rows = order[start : start + batch_size]
             if sampling is not None:  # each sentence keeps its own random stream
                 options["stream_ids"] = [stream_ids[i] for i in rows]
-            ids, batch_scores, *positions = search(
+            ids, scores, *positions = search(
                 self._model,
                 self._pad([sources[i] for i in rows]),
                 self._target_tokenizer.bos_id,
@@ -259,47 +300,26 @@ class Translator:
                 **options,
             )
             ids = ids.reshape(len(rows), num_return, ids.shape[-1])
-            batch_scores = batch_scores.reshape(len(rows), num_return)
-            for row, hypotheses, row_scores in zip(rows, ids, batch_scores):
-                output_ids[row] = [[int(t) for t in hypothesis if t != pad_id]
-                                   for hypothesis in hypotheses]
-                scores[row] = row_scores
-            if return_alignment:
-                positions = positions[0].reshape(ids.shape)
-                for row, hypotheses, row_positions in zip(rows, ids, positions):
-                    alignments[row] = [
-                        [int(p) for t, p in zip(hypothesis, aligned) if t not in (pad_id, eos_id)]
-                        for hypothesis, aligned in zip(hypotheses, row_positions)]
+            scores = scores.reshape(len(rows), num_return)
+            positions = positions[0].reshape(ids.shape) if return_alignment else None
+            for index, row in enumerate(rows):
+                found[row] = [
+                    ([int(t) for t in ids[index, k] if t != pad_id], float(scores[index, k]),
+                     None if positions is None else
+                     [int(p) for t, p in zip(ids[index, k], positions[index, k])
+                      if t not in (pad_id, eos_id)])
+                    for k in range(num_return)]
             done += len(rows)
             if progress is not None:
                 progress.update(done)
         if progress is not None and not order:
             progress.update(count)
 
-        flat_ids = [ids for row in output_ids for ids in row]
-        texts = self._target_tokenizer.detokenize([[t for t in ids if t != eos_id]
-                                                   for ids in flat_ids])
-        texts = [str(text) for text in texts]
-        row_scores = [[float(s) for s in row] for row in scores]
-        if num_return == 1:
-            translations = texts
-            row_scores = [row[0] for row in row_scores]
-            output_ids = [row[0] for row in output_ids]
-            alignments = [row[0] for row in alignments]
-        else:
-            groups = [texts[i : i + num_return] for i in range(0, len(texts), num_return)]
-            translations = [list(zip(group, group_scores))
-                            for group, group_scores in zip(groups, row_scores)]
-        results = [translations]
-        if return_scores:
-            results.append(row_scores)
-        if return_ids:
-            results.append(output_ids)
-        if return_truncated:
-            results.append(truncated)
-        if return_alignment:
-            results.append(alignments)
-        return results[0] if len(results) == 1 else tuple(results)
+        texts = iter(self._target_tokenizer.detokenize(
+            [[t for t in ids if t != eos_id] for row in found for ids, _, _ in row]))
+        return [Translation([Hypothesis(str(next(texts)), score, ids, alignment)
+                             for ids, score, alignment in row], cut)
+                for row, cut in zip(found, truncated)]
 
     def _pad(self, sources):
         """(batch, width) int32 matrix, of the width `source_width` gives."""

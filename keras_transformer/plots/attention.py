@@ -159,8 +159,9 @@ def plot_translation_attention(translator, sentence, directory, beam_size=4, alp
     source = translator.source_ids([sentence])[0]
     if not source:
         raise ValueError("The sentence has no tokens, so there is no attention to draw.")
-    _, (output,) = translator.translate([sentence], beam_size=beam_size, alpha=alpha,
-                                        max_output_length=max_output_length, return_ids=True)
+    [translation] = translator.translate([sentence], beam_size=beam_size, alpha=alpha,
+                                         max_output_length=max_output_length)
+    output = translation.ids
     target_tokenizer = translator.target_tokenizer
     weights = attention_weights(translator.model, source, output, target_tokenizer.bos_id)
     source_labels = token_labels(translator.tokenizer, source)

@@ -109,10 +109,10 @@ def ctranslate2_ids(model_dir, tokenizer, sentences, beam_size):
 
 
 def our_ids(trained, beam_size):
-    _, ids = trained["translator"].translate(
-        trained["sentences"], beam_size=beam_size, alpha=0.0, return_ids=True,
+    results = trained["translator"].translate(
+        trained["sentences"], beam_size=beam_size, alpha=0.0,
         batch_size=len(trained["sentences"]))
-    return ids
+    return [result.ids for result in results]
 
 
 @jax_pass_only
@@ -245,8 +245,8 @@ def test_command_line_exports_a_model_that_decodes_to_our_ids(trained, tmp_path,
     assert sorted(os.listdir(output)) == ["config.json", "keras_transformer.json", "model.bin",
                                           "shared_vocabulary.json"]
     sentences = trained["sentences"][:6]
-    _, ours = trained["translator"].translate(sentences, beam_size=1, alpha=0.0,
-                                              return_ids=True)
+    ours = [result.ids for result in trained["translator"].translate(sentences, beam_size=1,
+                                                                     alpha=0.0)]
     assert ctranslate2_ids(output, trained["tokenizer"], sentences, 1) == ours
 
     with pytest.raises(SystemExit) as exit_info:

@@ -72,7 +72,8 @@ def test_fresh_tensorflow_process_translates_like_the_translator(exported,
     assert not served["imported_keras_transformer"]
 
     expected = reference_translator
-    assert served["translations"] == expected.translate(exported["sentences"])
+    assert served["translations"] == [
+        result.text for result in expected.translate(exported["sentences"])]
     assert served["translations"][3] == ""
     tokenizer = expected.target_tokenizer
     ids, scores = beam_search(expected.model, np.array(exported["source_ids"]),
@@ -92,7 +93,8 @@ def test_exported_greedy_version_matches_greedy_translation(exported_greedy,
 
     served = loaded.signatures["serving_default"](inputs=tf.constant(exported["sentences"]))
     served = [t.decode("utf-8") for t in served["translations"].numpy()]
-    assert served == reference_translator.translate(exported["sentences"], beam_size=1, alpha=0)
+    assert served == [result.text for result in
+                      reference_translator.translate(exported["sentences"], beam_size=1, alpha=0)]
 
 
 def test_exported_model_handles_an_empty_batch(exported):
@@ -133,7 +135,7 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported, reference_trans
                            "--signature_def", "serving_default",
                            "--input_exprs", f"inputs={[sentence]!r}")
     assert ran.returncode == 0, ran.stderr[-3000:]
-    expected = reference_translator.translate([sentence])[0]
+    expected = reference_translator.translate([sentence])[0].text
     assert "Result for output key translations" in ran.stdout
     assert repr(expected.encode("utf-8")) in ran.stdout
 
@@ -260,9 +262,9 @@ def test_n_best_signature_returns_the_translators_n_best_lists(exported, referen
     assert out["translations"].shape == (len(sentences), 3) and out["scores"].shape == (5, 3)
     expected = reference_translator.translate(sentences, num_return=3)
     served = [[t.decode("utf-8") for t in row] for row in out["translations"].numpy()]
-    assert served == [[text for text, _ in row] for row in expected]
+    assert served == [[h.text for h in row.hypotheses] for row in expected]
     np.testing.assert_allclose(out["scores"].numpy(),
-                               [[score for _, score in row] for row in expected],
+                               [[h.score for h in row.hypotheses] for row in expected],
                                rtol=1e-4, atol=1e-4)
     assert served[3] == ["", "", ""]  # the empty sentence
     # The best of each list is what serving_default answers.

@@ -6,7 +6,7 @@ import pytest
 from helpers import CharTokenizer
 
 import keras_transformer as kt
-from keras_transformer.inference import Translator, beam_search
+from keras_transformer.inference import Hypothesis, Translation, Translator, beam_search
 from keras_transformer.inference.translator import SourceTruncatedWarning
 
 
@@ -28,6 +28,10 @@ def translator():
 SEARCH = {"beam_size": 2, "max_output_length": 6}
 
 
+def texts_of(results):
+    return [result.text for result in results]
+
+
 def test_trained_model_translates_text_by_reversing_it(reversal):
     # One character per toy word: the characters take the words' ids.
     vocabulary = reversal.vocabulary
@@ -37,69 +41,69 @@ def test_trained_model_translates_text_by_reversing_it(reversal):
     translator = Translator(reversal.model, tokenizer)
     source, _ = reversal.held_out()
     texts = tokenizer.detokenize(source)
-    translations, scores, ids = translator.translate(texts, return_scores=True, return_ids=True)
+    results = translator.translate(texts)
+    translations = texts_of(results)
     exact = np.mean([t == s[::-1] for t, s in zip(translations, texts)])
     assert exact >= 0.85, f"only {exact:.0%} reversed: {list(zip(texts, translations))[:5]}"
     # Text, ids and scores are the beam search's, back in input order.
     search_ids, search_scores = beam_search(translator.model, source, tokenizer.bos_id,
                                             tokenizer.eos_id)
-    assert ids == [[int(t) for t in row if t != tokenizer.pad_id] for row in search_ids]
-    np.testing.assert_allclose(scores, search_scores, atol=1e-4)
+    assert [result.ids for result in results] == [
+        [int(t) for t in row if t != tokenizer.pad_id] for row in search_ids]
+    np.testing.assert_allclose([result.score for result in results], search_scores, atol=1e-4)
     assert max(len(t) for t in texts) <= reversal.max_sentence_length
 
 
 def test_results_come_back_in_input_order_whatever_the_batch_size(translator):
     sentences = ["abc", "j", "hgfedcb", "cab", "jihgfe", "ee"]
-    together, together_scores = translator.translate(sentences, batch_size=6,
-                                                     return_scores=True, **SEARCH)
+    together = translator.translate(sentences, batch_size=6, **SEARCH)
     # Sorted by length, then decoded in batches of 2 with other neighbours.
-    in_pairs, pair_scores = translator.translate(sentences, batch_size=2,
-                                                 return_scores=True, **SEARCH)
-    assert in_pairs == together
+    in_pairs = translator.translate(sentences, batch_size=2, **SEARCH)
+    assert texts_of(in_pairs) == texts_of(together)
+    assert [result.ids for result in in_pairs] == [result.ids for result in together]
+    together_scores = [result.score for result in together]
     assert len(set(np.round(together_scores, 3))) == len(sentences)
-    np.testing.assert_allclose(pair_scores, together_scores, atol=1e-4)
+    np.testing.assert_allclose([result.score for result in in_pairs], together_scores,
+                               atol=1e-4)
 
 
-def test_returned_ids_and_scores_match_the_texts(translator):
-    texts, scores, ids = translator.translate(["abc", "defg"], return_scores=True,
-                                              return_ids=True, **SEARCH)
+def test_each_result_holds_text_score_and_ids_of_one_hypothesis(translator):
+    results = translator.translate(["abc", "defg"], **SEARCH)
+    assert all(isinstance(result, Translation) and len(result.hypotheses) == 1
+               and not result.truncated and result.alignment is None for result in results)
+    scores = [result.score for result in results]
     assert isinstance(scores[0], float) and all(s <= 0 for s in scores)
     pad_id = translator.tokenizer.pad_id
+    ids = [result.ids for result in results]
     assert all(0 < len(row) <= 6 and pad_id not in row for row in ids)
-    assert texts == translator.tokenizer.detokenize(ids)
-    only_ids = translator.translate(["abc", "defg"], return_ids=True, **SEARCH)
-    assert only_ids == (texts, ids)
+    assert texts_of(results) == translator.tokenizer.detokenize(ids)
+    assert results[0].hypotheses[0] == Hypothesis(results[0].text, scores[0], ids[0])
 
 
 def test_empty_sentence_translates_to_empty_text(translator):
-    texts, scores, ids = translator.translate(["", "abc", ""], return_scores=True,
-                                              return_ids=True, **SEARCH)
-    assert texts[0] == texts[2] == "" and ids[0] == ids[2] == []
-    assert scores[0] == scores[2] == 0.0
-    assert ids[1]
-    assert translator.translate([""]) == [""]
+    empty, full, _ = results = translator.translate(["", "abc", ""], **SEARCH)
+    assert results[0] == results[2] == empty == Translation([Hypothesis("", 0.0, [])])
+    assert full.ids
+    assert texts_of(translator.translate([""])) == [""]
     assert translator.translate([]) == []
 
 
 def test_n_best_gives_pairs_best_first_led_by_the_translation(translator):
     sentences = ["abc", "", "hgfedcb"]
-    texts, scores, ids = translator.translate(sentences, return_scores=True, return_ids=True,
-                                              **SEARCH)
-    n_best, n_best_scores, n_best_ids, truncated = translator.translate(
-        sentences, num_return=2, return_scores=True, return_ids=True, return_truncated=True,
-        **SEARCH)
-    assert truncated == [False] * 3
-    assert [len(pairs) for pairs in n_best] == [2, 2, 2]
+    best = translator.translate(sentences, **SEARCH)
+    n_best = translator.translate(sentences, num_return=2, **SEARCH)
+    assert [result.truncated for result in n_best] == [False] * 3
+    assert [len(result.hypotheses) for result in n_best] == [2, 2, 2]
     for row in (0, 2):
-        (first, first_score), (_, second_score) = n_best[row]
-        assert first == texts[row] and n_best_ids[row][0] == ids[row]
-        assert first_score == pytest.approx(scores[row], abs=1e-5) and first_score >= second_score
-        assert n_best_ids[row][0] != n_best_ids[row][1]
-        assert [score for _, score in n_best[row]] == n_best_scores[row]
-        assert [text for text, _ in n_best[row]] == translator.tokenizer.detokenize(
-            n_best_ids[row])
-    assert n_best[1] == [("", 0.0), ("", 0.0)] and n_best_ids[1] == [[], []]
-    assert translator.translate(["abc"], num_return=1, **SEARCH) == texts[:1]
+        first, second = n_best[row].hypotheses
+        assert (first.text, first.ids) == (best[row].text, best[row].ids)
+        assert first.score == pytest.approx(best[row].score, abs=1e-5)
+        assert first.score >= second.score and first.ids != second.ids
+        assert [h.text for h in n_best[row].hypotheses] == translator.tokenizer.detokenize(
+            [h.ids for h in n_best[row].hypotheses])
+    assert n_best[1].hypotheses == [Hypothesis("", 0.0, [])] * 2
+    [alone] = translator.translate(["abc"], num_return=1, **SEARCH)
+    assert (alone.text, alone.ids) == (best[0].text, best[0].ids)
     with pytest.raises(ValueError, match="num_return=3 is more than beam_size=2"):
         translator.translate(["abc"], num_return=3, **SEARCH)
 
@@ -113,7 +117,8 @@ def test_separate_target_tokenizer_decodes_the_output():
     ))
     translator = Translator(model, source_tokenizer, target_tokenizer=target_tokenizer)
     assert translator.target_tokenizer is target_tokenizer
-    texts, ids = translator.translate(["abc", "jjj"], return_ids=True, **SEARCH)
+    results = translator.translate(["abc", "jjj"], **SEARCH)
+    texts, ids = texts_of(results), [result.ids for result in results]
     assert all(set(text) <= set("XYZ") for text in texts)
     bos, eos = target_tokenizer.bos_id, target_tokenizer.eos_id
     assert all(0 < t < target_tokenizer.vocab_size and t != bos for row in ids for t in row)
@@ -130,19 +135,17 @@ def test_sentence_over_the_limit_is_truncated_flagged_and_the_others_translated(
     assert translator.source_ids(["a" * 15]) == [[4] * 15 + [3]]  # 15 tokens + EOS fit
     with pytest.warns(UserWarning, match=r"1 of 3 sentence\(s\) are longer than "
                                          r"max_source_length=16 .* sentence 1 \(17 tokens"):
-        texts, ids, truncated = translator.translate(
-            ["abc", "b" * 15 + "cd", ""], max_output_length=3, return_ids=True,
-            return_truncated=True)
-    assert truncated == [False, True, False] and len(texts) == 3
+        results = translator.translate(["abc", "b" * 15 + "cd", ""], max_output_length=3)
+    assert [result.truncated for result in results] == [False, True, False]
     # The truncated sentence translates as its first 15 tokens do, alone.
-    alone = translator.translate(["b" * 15], max_output_length=3, return_ids=True)[1]
-    assert ids[1] == alone[0]
+    [alone] = translator.translate(["b" * 15], max_output_length=3)
+    assert results[1].ids == alone.ids and not alone.truncated
     # An n-best list truncates alike.
     with pytest.warns(SourceTruncatedWarning, match="sentence 1"):
-        n_best, truncated = translator.translate(
-            ["abc", "b" * 15 + "cd", ""], max_output_length=3, num_return=2,
-            return_truncated=True)
-    assert truncated == [False, True, False] and [len(pairs) for pairs in n_best] == [2, 2, 2]
+        n_best = translator.translate(["abc", "b" * 15 + "cd", ""], max_output_length=3,
+                                      num_return=2)
+    assert [result.truncated for result in n_best] == [False, True, False]
+    assert [len(result.hypotheses) for result in n_best] == [2, 2, 2]
     with pytest.raises(ValueError, match="past the model's learned position table"):
         tiny_translator(max_length=16, position_encoding="learned", max_source_length=17)
 

@@ -162,9 +162,9 @@ def report(results, backends, args, started):
         f"- Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`",
         f"- FLOPs: {common.FLOP_FORMULA}",
         ("- Training: `model.train_on_batch` loop for both Keras models with "
-         "`compile(jit_compile=\"auto\")`, each model's own default (column XLA), eager loop for torch.nn.Transformer; random ids, no padding; "
-         "memory is the peak RSS of each model's own process (`ru_maxrss`, framework "
-         "included)."),
+         "`compile(jit_compile=\"auto\")`, each model's own default (column XLA), eager "
+         "loop for torch.nn.Transformer; random ids, no padding; memory is the peak RSS of "
+         "each model's own process (`ru_maxrss`, framework included)."),
         "", "## Targets", "",
         table(("target", "backend", "measured", "required", "result"),
               targets(results, backends)), "",
@@ -192,8 +192,9 @@ def report(results, backends, args, started):
                              number(r["gflops"]),
                              f"{r['gflops'] / best:.0%}" if best else "n/a"))
     parts += ["## Training throughput", "",
-              table(("backend", "config", "model", "XLA", "params", "target tokens/s", "median ms/step",
-                     "first step s", "peak RSS MiB", "GFLOP/s", "of best matmul"), rows), ""]
+              table(("backend", "config", "model", "XLA", "params", "target tokens/s",
+                     "median ms/step", "first step s", "peak RSS MiB", "GFLOP/s",
+                     "of best matmul"), rows), ""]
     rows = []
     for backend in backends:
         decoding = results.get(("decoding", backend), {})

@@ -12,11 +12,11 @@ For keras-hub's model that is Keras's default: XLA under JAX, a tf.function
 graph without XLA on a TensorFlow CPU, eager on torch. Our `Transformer.compile`
 resolves "auto" the same way except that it also picks XLA for TensorFlow on a
 CPU, where it measured faster; `--jit-compile true|false` forces one choice on
-both. The table reports each model's resolved `jit_compile`; `train_on_batch` returns the loss as a
-NumPy value, so each timed step includes waiting for the device. The torch
-model runs eagerly with `torch.optim.Adam` and `F.cross_entropy(...,
-label_smoothing=0.1)`, with the same `torch.set_num_threads` as the Keras
-torch backend.
+both. The table reports each model's resolved `jit_compile`; `train_on_batch`
+returns the loss as a NumPy value, so each timed step includes waiting for the
+device. The torch model runs eagerly with `torch.optim.Adam` and
+`F.cross_entropy(..., label_smoothing=0.1)`, with the same
+`torch.set_num_threads` as the Keras torch backend.
 
 Each model trains in its own subprocess, so that its peak memory (peak RSS of
 the process, `resource.getrusage(...).ru_maxrss`, framework included) is its
@@ -132,8 +132,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=32, help="B, sentences per batch")
     parser.add_argument("--length", type=int, default=32, help="S = T, tokens per sentence")
     parser.add_argument("--jit-compile", choices=("auto", "true", "false"), default="auto",
-                        help="compile(jit_compile=...) of both Keras models (auto: each model's own "
-                             "default, see above)")
+                        help="compile(jit_compile=...) of both Keras models (auto: each "
+                             "model's own default, see above)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch.set_num_threads for torch and the Keras torch backend "
                              "(0: torch's default)")

@@ -1,23 +1,24 @@
 """Serving exported translation models (§6.1 search) the way TensorFlow Serving does.
 
-The built-in server is a stand-in for TensorFlow Serving with its concepts
-and names: a *servable* per loaded version (`servable.py`), a *manager* that
-polls the base path and loads, warms up and unloads versions (`manager.py`),
-a *batching scheduler* with TF Serving's batching parameters
-(`batching.py`), Prometheus metrics (`metrics.py`), and TF Serving's REST API
-on uvicorn (`server.py`).
+The built-in server stands in for TensorFlow Serving, one module per piece
+under TF Serving's names:
+
+* `servable.py`: a *servable*, one loaded version, and the predict request's checks;
+* `manager.py`: the *manager*, which polls the base path and loads, warms up
+  and unloads versions;
+* `batching.py`: the *batching scheduler*, with TF Serving's batching parameters;
+* `metrics.py`: the Prometheus metrics;
+* `options.py`: the model server's options (port, limits, timeouts);
+* `protocol.py`: the HTTP/1.1 connection on uvicorn (header timeout, JSON errors);
+* `server.py`: the model server and its REST API.
 
     keras-transformer serve saved_models/quickstart --port 8501
 """
 
 from keras_transformer.inference.serving.batching import BatchingParameters, BatchScheduler
+from keras_transformer.inference.serving.options import DEFAULT_PORT, ServerOptions
 from keras_transformer.inference.serving.servable import RequestError, Servable
-from keras_transformer.inference.serving.server import (
-    DEFAULT_PORT,
-    ServerOptions,
-    TranslationServer,
-    serve,
-)
+from keras_transformer.inference.serving.server import TranslationServer, serve
 
 __all__ = ["DEFAULT_PORT", "BatchScheduler", "BatchingParameters", "RequestError", "Servable",
            "ServerOptions", "TranslationServer", "serve"]

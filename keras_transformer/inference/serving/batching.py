@@ -35,12 +35,11 @@ class QueueFullError(RuntimeError):
 class BatchingParameters:
     """TensorFlow Serving's batching parameters (`batching_parameters_file`).
 
-    The defaults follow TensorFlow Serving's advice for CPUs (no batch
-    timeout, one batch thread per core, a small batch), measured on the
-    quickstart model with beam 4 on a 2-core CPU: at 32 clients, batches of
-    at most 4 gave 1.2× the throughput of batches of 8, 1.4× that of 16 and
-    1.6× that of 32, and a 5 ms timeout cost a lone client 40 % of its speed
-    (`benchmarks/RESULTS.md`). Raise `max_batch_size` on a GPU.
+    The defaults follow TensorFlow Serving's advice for CPUs: no batch
+    timeout (a lone client never waits for others to join it), one batch
+    thread per core, and small batches (on a CPU, a larger batch holds
+    every request in it for longer than it saves). Raise `max_batch_size`
+    on a GPU.
 
     Attributes:
         enabled: Merge concurrent requests (`--enable_batching`).

@@ -1,24 +1,27 @@
-"""The HTTP layer: TensorFlow Serving's REST API on uvicorn and starlette.
+"""The model server: TensorFlow Serving's REST API for one model, on uvicorn and starlette.
 
-Routes (NAME is the model name, V a version):
+`TranslationServer` plays `tensorflow_model_server`: it binds the port, has
+the manager (`manager.py`) load, warm up and replace the versions, hands
+predict requests to the batching scheduler (`batching.py`), counts them in
+the metrics (`metrics.py`), and answers TensorFlow Serving's REST routes
+(NAME is the model name, V a version):
 
     GET  /v1/models/NAME[/versions/V]            version states
     GET  /v1/models/NAME[/versions/V]/metadata   signatures and export settings
     POST /v1/models/NAME[/versions/V]:predict    {"instances": [...]} or {"inputs": [...]}
     GET  /monitoring/prometheus/metrics          Prometheus metrics
 
-What a production server needs, from a maintained ASGI server (uvicorn):
-a listen backlog, a bound on open connections, keep-alive, header and body
-timeouts (a slow or idle client holds an idle coroutine, never a thread), a
-bound on requests in flight and on the batch queue (503 when full), and a
-clean shutdown on SIGTERM that answers the requests in flight. Every
-client mistake, down to malformed HTTP, gets a 4xx JSON `{"error": ...}`; a
-server fault gets a 500 whose body does not describe internals (the log
-has the traceback).
+uvicorn gives what a server facing the network needs: a listen backlog, a
+bound on open connections, keep-alive, header and body timeouts (a slow or
+idle client holds an idle coroutine, never a thread; the header timeout is
+in `protocol.py`), and a shutdown on SIGTERM that answers the requests in
+flight. Requests in flight and the batch queue are bounded too (503 when
+full). Every client mistake, down to malformed HTTP, gets a 4xx JSON
+`{"error": ...}`; a server fault gets a 500 whose body does not describe
+internals (the log has the traceback).
 """
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -29,15 +32,12 @@ import threading
 import time
 import traceback
 
-from keras_transformer import validation
 from keras_transformer.inference import saved_model
-from keras_transformer.inference.serving.batching import (
-    BatchingParameters,
-    BatchScheduler,
-    QueueFullError,
-)
+from keras_transformer.inference.serving.batching import BatchScheduler, QueueFullError
 from keras_transformer.inference.serving.manager import ModelManager
 from keras_transformer.inference.serving.metrics import ServingMetrics
+from keras_transformer.inference.serving.options import ServerOptions
+from keras_transformer.inference.serving.protocol import protocol_class
 from keras_transformer.inference.serving.servable import (
     RequestError,
     Servable,
@@ -45,151 +45,8 @@ from keras_transformer.inference.serving.servable import (
     parse_predict_request,
 )
 
-DEFAULT_PORT = 8501
-
-_REASONS = {400: "Bad Request", 408: "Request Timeout"}
-# The most bytes of request line and headers (h11's default for headers
-# still arriving, applied to complete ones too).
-_MAX_HEADER_BYTES = 16 * 1024
 _MODEL_PATH = re.compile(
     r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:predict)?")
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerOptions:
-    """Limits and timeouts of the server (defaults suit one CPU host).
-
-    Attributes:
-        host: Address to bind; 127.0.0.1 keeps the server on this machine.
-        port: Port; 0 picks a free one.
-        name: Model name in the URLs; None means the base path's folder name.
-        max_instances: Most instances per request.
-        max_chars: Most characters per sentence (ids per id list).
-        max_body_bytes: Largest request body.
-        max_connections: Open connections at once (more get 503).
-        max_concurrent_requests: Predict requests in flight at once (more get 503).
-        backlog: The listen backlog.
-        header_timeout: Seconds for a client to send a request's headers.
-        body_timeout: Seconds for a client to send a request's body.
-        keep_alive_timeout: Seconds an idle keep-alive connection stays open.
-        graceful_shutdown_seconds: Longest wait for requests in flight on SIGTERM.
-        file_system_poll_wait_seconds: Seconds between polls for new versions
-            (TensorFlow Serving's flag); 0 disables polling.
-        warmup_threads: Warm-up requests replayed at once.
-        batching: `BatchingParameters`.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    name: str = None
-    max_instances: int = 64
-    max_chars: int = 2000
-    max_body_bytes: int = 1 << 20
-    max_connections: int = 1000
-    max_concurrent_requests: int = 256
-    backlog: int = 2048
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    keep_alive_timeout: float = 30.0
-    graceful_shutdown_seconds: float = 30.0
-    file_system_poll_wait_seconds: float = 1.0
-    warmup_threads: int = 2
-    batching: BatchingParameters = BatchingParameters()
-
-    def __post_init__(self):
-        for name in ("max_instances", "max_chars", "max_body_bytes", "max_connections",
-                     "max_concurrent_requests", "backlog", "warmup_threads"):
-            validation.check_positive_int(name, getattr(self, name))
-        for name in ("header_timeout", "body_timeout", "keep_alive_timeout",
-                     "graceful_shutdown_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive number "
-                                 "of seconds.")
-        validation.check_non_negative_number("file_system_poll_wait_seconds",
-                                             self.file_system_poll_wait_seconds)
-        capacity = self.batching.max_enqueued_batches * self.batching.max_batch_size
-        if self.max_instances > capacity:
-            raise ValueError(
-                f"max_instances={self.max_instances} exceeds the batch queue "
-                f"(max_enqueued_batches × max_batch_size = {capacity}): no such request could "
-                "ever be queued.")
-
-
-def _json_bytes(status, message):
-    body = json.dumps({"error": message}).encode("utf-8")
-    reason = _REASONS.get(status, "Error")
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("ascii") + body
-
-
-def _protocol_class(header_timeout):
-    """uvicorn's h11 protocol with a header timeout and JSON protocol errors."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class Protocol(H11Protocol):
-        _header_timer = None
-
-        def connection_made(self, transport):
-            super().connection_made(transport)
-            self._arm_header_timer()
-            next_event = self.conn.next_event
-
-            def checked_next_event():
-                # h11 limits headers only while they arrive in pieces; one
-                # read can bring a complete block of any size.
-                event = next_event()
-                if isinstance(event, h11.Request) and len(event.target) + sum(
-                        len(name) + len(value) for name, value in event.headers
-                ) > _MAX_HEADER_BYTES:
-                    raise h11.RemoteProtocolError(
-                        f"the request line and headers exceed {_MAX_HEADER_BYTES} bytes")
-                return event
-
-            self.conn.next_event = checked_next_event
-
-        def data_received(self, data):
-            super().data_received(data)
-            if self.transport.is_closing():
-                return
-            if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
-                self._arm_header_timer()  # a request has begun; its headers are due
-            else:
-                self._disarm_header_timer()
-
-        def connection_lost(self, exc):
-            self._disarm_header_timer()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg):
-            # Malformed HTTP (a bad request line, over-long headers, broken
-            # chunked framing): answered in JSON like every other mistake.
-            self._disarm_header_timer()
-            self.transport.write(_json_bytes(400, f"Malformed HTTP request: {msg}"))
-            self.transport.close()
-
-        def _arm_header_timer(self):
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout, self._headers_late)
-
-        def _disarm_header_timer(self):
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_late(self):
-            self._header_timer = None
-            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-                return
-            if self.conn.our_state is h11.IDLE and not self.conn.trailing_data[0]:
-                self.transport.close()  # connected, never sent anything: just close
-                return
-            if self.conn.our_state is h11.IDLE:
-                self.transport.write(_json_bytes(
-                    408, f"The request headers did not arrive within {header_timeout:g} s."))
-            self.transport.close()
-
-    return Protocol
 
 
 class TranslationServer:
@@ -280,12 +137,12 @@ class TranslationServer:
         family = socket.AF_INET6 if ":" in self.options.host else socket.AF_INET
         # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that
         # say so. Without it, Nagle's algorithm holds a response's body until
-        # the client acknowledges its headers: 40 ms of delayed ACK each.
+        # the client acknowledges its headers, a delayed ACK on every answer.
         self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((self.options.host, self.options.port))
         config = uvicorn.Config(
-            self.app, http=_protocol_class(self.options.header_timeout), lifespan="off",
+            self.app, http=protocol_class(self.options.header_timeout), lifespan="off",
             interface="asgi3", proxy_headers=False, server_header=False,
             access_log=False, log_level="warning", backlog=self.options.backlog,
             limit_concurrency=self.options.max_connections,

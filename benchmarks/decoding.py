@@ -13,10 +13,9 @@ Uncached: the textbook decoder without a cache. At step t it re-runs
 the last position's log-probabilities and extends the hypotheses on the host.
 The step function is compiled the same way as the cached loop (jax.jit with the
 weights as arguments, tf.function(jit_compile=True), torch.no_grad eager: the
-uncached step has no loop to trace), and
-the encoder output is computed once. Beam search keeps the best 4 of each
-beam's 4 best extensions, the same ranking as the cached search while no
-hypothesis ends.
+uncached step has no loop to trace), and the encoder output is computed once.
+Beam search keeps the best 4 of each beam's 4 best extensions, the same
+ranking as the cached search while no hypothesis ends.
 
 The length is forced: the end-of-sentence id gets an output bias of -1e9, so
 no hypothesis ever ends and every run produces exactly n tokens. The weights
@@ -29,22 +28,11 @@ caches. Reported: seconds per batch, sentences per second, milliseconds per
 new token (per step, whole batch), the ratio time(256) / time(32) of the
 cached search, and the uncached / cached time at 128.
 
-With `--ctranslate2`, the same model (same weights, the same EOS bias) is also
-converted with `keras_transformer.inference.ctranslate2_export.convert_model`, in
-fp32 and int8, and decoded by CTranslate2 (`translate_batch`, its own length
-penalty 0.6 for beam search, `min_decoding_length = max_decoding_length = n`)
-in worker processes that import nothing else and time each call themselves:
-the peer of issue 18, and the ratios ours / CTranslate2. Each quantization runs
-in the threading setting of `CTRANSLATE2_SETTINGS` (2 threads with MKL, 2 with
-CT2_USE_MKL=0, 1 thread) that decodes the shortest length fastest, so the peer
-is measured at its best on the machine.
-
-With `--saved-model`, the same model is also exported as a SavedModel
-(`export_saved_model`, once per search and length, with `max_output_length =
-n` and the batch's one shape compiled) and its `translate_ids` signature is
-timed: the path TF Serving users run. With a fixed `max_output_length` its
-loop has the cache phases of `search.cache_phases`; an export without one
-traces the search for unknown widths and keeps one phase.
+With `--ctranslate2`, the same weights (with the same EOS bias) are also
+decoded by CTranslate2 fp32 and int8, each in its fastest threading setting,
+and the ratios ours / CTranslate2 are reported; with `--saved-model`, by the
+exported SavedModel's `translate_ids` signature, the path TF Serving users run
+(`decoding_peers.py` says how each peer is run).
 
     KERAS_BACKEND=jax python benchmarks/decoding.py
     KERAS_BACKEND=jax python benchmarks/decoding.py --no-uncached --ctranslate2
@@ -55,21 +43,22 @@ traces the search for unknown widths and keeps one phase.
 """
 
 import argparse
-import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
+import decoding_peers
 
 
 def compile_inference(model, function):
     """`function(*args)` compiled as the library compiles its decoding loops."""
     import weakref
 
-    from keras_transformer.backend import compile_inference as compile_for_backend
+    from keras_transformer.inference.compiled import compile_inference as compile_for_backend
 
     return compile_for_backend(weakref.ref(model), lambda _, *args: function(*args))
 
@@ -157,184 +146,6 @@ class UncachedSearch:
         return alive[:, 0, 1:]
 
 
-class _Vocabulary:
-    """Token strings for the benchmark's random ids: what the CTranslate2
-    converter needs of a tokenizer."""
-
-    def __init__(self, vocab_size):
-        self.vocab_size = vocab_size
-        self.pad_id, self.bos_id, self.eos_id = common.PAD_ID, common.BOS_ID, common.EOS_ID
-        self.unk_id = common.VOCABULARY.unk_id
-
-    def id_to_token(self, token_id):
-        return f"t{token_id}"
-
-
-# CTranslate2 decodes in processes of its own, which import nothing else, so
-# that neither runtime's threads, thread settings or libraries reach the
-# other's: one process per quantization, each holding one model. Its threading
-# is tried in the settings of CTRANSLATE2_SETTINGS, and each quantization keeps
-# the fastest (`CTranslate2Peer`). On this 2-core machine (2026-11-25, default
-# size, 32 tokens, ms per token greedy / beam 4), fp32 decoded in 7.4 / 10.4
-# with 2 threads and Intel MKL's GEMM (its default on this CPU), 2.1-2.3 /
-# 4.2-4.8 with 1 thread, and 1.3-1.9 / 3.0-3.5 with 2 threads and
-# CT2_USE_MKL=0, unless a second model was loaded in the same process (7.7 /
-# 10.7); int8 decoded in 6-8 / 9-10 with 2 threads in every setting tried and
-# 0.9-1.0 / 2.6-2.9 with 1 thread (RESULTS.md, "CTranslate2 at its best"). The
-# figures in RESULTS.md up to 2026-11-25 14:03 came from one process holding
-# both models with 2 threads, where its speed moved up to 5x between runs.
-# Protocol: one JSON line {"path", "pieces", "threads"}, then one line
-# {"n", "beam_size"} per call, answered with {"ids", "seconds"}: the ids and
-# the time translate_batch took there.
-_CTRANSLATE2_WORKER = """
-import json, sys, time
-import ctranslate2
-setup = json.loads(sys.stdin.readline())
-translator = ctranslate2.Translator(setup["path"], device="cpu",
-                                    intra_threads=setup["threads"])
-for line in sys.stdin:
-    call = json.loads(line)
-    start = time.perf_counter()
-    outputs = translator.translate_batch(
-        setup["pieces"], beam_size=call["beam_size"], length_penalty=0.6,
-        min_decoding_length=call["n"], max_decoding_length=call["n"])
-    seconds = time.perf_counter() - start
-    ids = [[int(token[1:]) for token in output.hypotheses[0]] for output in outputs]
-    print(json.dumps({"ids": ids, "seconds": seconds}), flush=True)
-"""
-
-# The threading settings CTranslate2 is tried in: name -> (environment, intra_threads).
-CTRANSLATE2_SETTINGS = {
-    "2 threads, MKL": ({}, 2),
-    "2 threads, CT2_USE_MKL=0": ({"CT2_USE_MKL": "0"}, 2),
-    "1 thread, MKL": ({}, 1),
-}
-
-
-class _CTranslate2Worker:
-    """One worker process: one CTranslate2 model in one threading setting."""
-
-    def __init__(self, path, pieces, environment, threads):
-        import subprocess
-
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _CTRANSLATE2_WORKER], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, env={**os.environ, **environment})
-        self._send({"path": path, "pieces": pieces, "threads": threads})
-
-    def _send(self, message):
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
-
-    def translate(self, n, beam_size):
-        self._send({"n": n, "beam_size": beam_size})
-        line = self.process.stdout.readline()
-        if not line:
-            sys.exit("error: a CTranslate2 worker process ended (its error is above).")
-        answer = json.loads(line)
-        return np.array(answer["ids"]), answer["seconds"]
-
-    def close(self):
-        self.process.stdin.close()
-        self.process.wait()
-
-
-class CTranslate2Peer:
-    """CTranslate2 decoding the same weights with exactly n new tokens, in
-    worker processes; `translate(quantization, n, beam_size)` returns the
-    (batch, n) ids and the seconds the worker measured.
-
-    Each quantization decodes in the threading setting of `settings` that
-    was fastest at greedy + beam search of `n` tokens (the second of two
-    calls each; the first loads and warms up); `calibration` holds those
-    times, `chosen` the settings kept. One worker runs at a time while they
-    are tried.
-    """
-
-    def __init__(self, model, source, directory, n, beam_size, quantizations=("fp32", "int8"),
-                 settings=CTRANSLATE2_SETTINGS):
-        paths = {quantization: convert_for_ctranslate2(model, directory, quantization)
-                 for quantization in quantizations}
-        pieces = [[f"t{i}" for i in row] for row in np.asarray(source).tolist()]
-        self.calibration = {quantization: {} for quantization in quantizations}
-        for quantization, path in paths.items():
-            for name, (environment, threads) in settings.items():
-                worker = _CTranslate2Worker(path, pieces, environment, threads)
-                try:
-                    for _ in range(2):
-                        seconds = sum(worker.translate(n, k)[1] for k in (1, beam_size))
-                finally:
-                    worker.close()
-                self.calibration[quantization][name] = seconds
-        self.chosen = {quantization: min(times, key=times.get)
-                       for quantization, times in self.calibration.items()}
-        self.workers = {quantization: _CTranslate2Worker(path, pieces,
-                                                         *settings[self.chosen[quantization]])
-                        for quantization, path in paths.items()}
-
-    def translate(self, quantization, n, beam_size):
-        return self.workers[quantization].translate(n, beam_size)
-
-    def close(self):
-        for worker in self.workers.values():
-            worker.close()
-
-
-def convert_for_ctranslate2(model, directory, quantization):
-    """The model converted to a CTranslate2 directory under `directory`."""
-    from keras_transformer.inference.ctranslate2_export import convert_model
-
-    vocabulary = _Vocabulary(model.config.resolved_target_vocab_size)
-    path = os.path.join(directory, quantization)
-    convert_model(model, vocabulary, vocabulary, path,
-                  quantization=None if quantization == "fp32" else quantization)
-    # The benchmark's sources have no EOS (ours decodes them as they are), so
-    # CTranslate2 must not append one either.
-    config_path = os.path.join(path, "config.json")
-    with open(config_path) as f:
-        config = json.load(f)
-    config["add_source_eos"] = False
-    with open(config_path, "w") as f:
-        json.dump(config, f)
-    return path
-
-
-def saved_model_peer(model, source, directory, beam_size, alpha):
-    """A function n -> (batch, n) ids: the exported SavedModel's `translate_ids`
-    signature (the path TF Serving runs) on the same weights, exported once per
-    n with `max_output_length=n` and the batch's one shape compiled."""
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (the SavedModel's text signatures use its ops)
-
-    from keras_transformer import run_files
-    from keras_transformer.inference.export import export_saved_model
-    from keras_transformer.tokenizers import WORDPIECE_SPECIAL_TOKENS, SubwordTokenizer
-
-    model_path = os.path.join(directory, "model.keras")
-    if not os.path.exists(model_path):
-        # The export reads a .keras file with its tokenizer beside it; the
-        # signature timed here takes ids, so any vocabulary of the model's size serves.
-        vocabulary = WORDPIECE_SPECIAL_TOKENS + [
-            f"t{i}" for i in range(len(WORDPIECE_SPECIAL_TOKENS),
-                                   model.config.resolved_target_vocab_size)]
-        run_files.save_tokenizers(directory, SubwordTokenizer("wordpiece", vocabulary))
-        run_files.save_model(model, model_path)
-    source = tf.constant(np.asarray(source, "int32"))
-    signatures = {}
-
-    def translate(n):
-        if n not in signatures:
-            path = export_saved_model(
-                model_path, os.path.join(directory, f"beam{beam_size}"), version=n,
-                beam_size=beam_size, alpha=alpha, max_output_length=n,
-                batch_sizes=(int(source.shape[0]),), lengths=(int(source.shape[1]),),
-                verbose=False)
-            signatures[n] = tf.saved_model.load(path).signatures["translate_ids"]
-        return signatures[n](source_ids=source)["ids"].numpy()
-
-    return translate
-
-
 def self_timed(elapsed, result):
     """(seconds, ids) of a timed call: a method that times itself elsewhere
     (the CTranslate2 worker) returns (ids, its seconds), which replace ours."""
@@ -406,10 +217,8 @@ def main(argv=None):
         methods["greedy_uncached"] = lambda n: uncached.greedy(source, n)
         methods["beam_uncached"] = lambda n: uncached.beam(source, n, k)
     if args.ctranslate2:
-        import tempfile
-
         peers_dir = tempfile.TemporaryDirectory(prefix="decoding-ctranslate2-")
-        peer = CTranslate2Peer(model, source, peers_dir.name, min(lengths), k)
+        peer = decoding_peers.CTranslate2Peer(model, source, peers_dir.name, min(lengths), k)
         for quantization, times in peer.calibration.items():
             common.progress(f"CTranslate2 {quantization}: greedy + beam {k} at {min(lengths)} "
                             "tokens, " + ", ".join(f"{name} {seconds:.3f} s"
@@ -422,11 +231,10 @@ def main(argv=None):
             methods[f"beam_ct2_{quantization}"] = \
                 lambda n, q=quantization: peer.translate(q, n, k)
     if args.saved_model:
-        import tempfile
-
         exports_dir = tempfile.TemporaryDirectory(prefix="decoding-saved-model-")
-        methods["greedy_saved_model"] = saved_model_peer(model, source, exports_dir.name, 1, 0.0)
-        methods["beam_saved_model"] = saved_model_peer(model, source, exports_dir.name, k, 0.6)
+        for search, beam_size, alpha in (("greedy", 1, 0.0), ("beam", k, 0.6)):
+            methods[f"{search}_saved_model"] = decoding_peers.saved_model_peer(
+                model, source, exports_dir.name, beam_size, alpha)
 
     backend = common.backend_name()
     common.progress(f"decoding: backend {backend}, config {args.config}, batch "

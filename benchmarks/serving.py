@@ -21,9 +21,11 @@ signature (`serving_default`) and with `translate_ids` (the run's tokenizer,
 `--run-dir`, turns the same sentences into ids); then `--warm-repeats` more of
 the same request, and reports first / p99(warm). Batching is off for it, so
 that a request of 64 sentences runs at batch 64 (with batching on, requests
-are split at `--max-batch-size`, 32 by default).
+are split at the server's `--max-batch-size`).
 
 Each figure is reported with its target (met / not met); nothing is asserted.
+`serving_load.py` holds the server process and the clients, `serving_report.py`
+the targets and the Markdown tables.
 The client runs on the same machine as the server and takes CPU from it. A full
 run takes about 10 minutes on a 2-core CPU, half of it the two servers' warm-ups.
 
@@ -34,297 +36,20 @@ run takes about 10 minutes on a 2-core CPU, half of it the two servers' warm-ups
 
 import argparse
 import datetime
-import http.client
 import json
 import os
-import re
-import select
 import shlex
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
+from serving_load import Client, ServerProcess, SlowConnections, percentile, rss_mb, run_load
+from serving_report import evaluate, markdown
 
-HOST = "127.0.0.1"
 CONCURRENCY = (1, 8, 32, 64)
 REQUESTS_PER_CLIENT = 20  # at least, so that many clients run for more than a moment
-SERVING_LINE = re.compile(r"Serving (?P<name>\S+) at http://(?P<host>[^:/\s]+):(?P<port>\d+)/")
-WARMUP_LINE = re.compile(r"Replayed (?P<count>\d+) warm-up requests of version (?P<version>\d+) "
-                         r"in (?P<seconds>[0-9.]+) s")
-
-# The targets of the serving issue.
-MAX_FAILED_AT_64 = 0
-MIN_BATCHING_SPEEDUP = 3.0
-MAX_FIRST_OVER_WARM = 2.0
-MAX_SLOW_CLIENT_DELAY_MS = 100.0
-MAX_RSS_CHANGE = 0.10
-
-
-def percentile(values, q):
-    """The q-th percentile (0-100) of `values`, linear between ranks; NaN if empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def rss_mb(pid):
-    """VmRSS of process `pid` in MiB (/proc/PID/status); NaN where unavailable."""
-    try:
-        with open(f"/proc/{pid}/status") as file:
-            for line in file:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return float("nan")
-
-
-class ServerProcess:
-    """`keras-transformer serve` in a subprocess, bound to 127.0.0.1 on a free port."""
-
-    def __init__(self, base_path, flags, startup_timeout):
-        self.command = [sys.executable, "-m", "keras_transformer.cli", "serve", base_path,
-                        "--host", HOST, "--port", "0", *flags]
-        self.startup_timeout = startup_timeout
-        self.lines = []
-        self.port = None
-        self.name = None
-        self.warmup = None
-        self.process = None
-        self._bound = threading.Event()
-
-    def __enter__(self):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
-        self.started = time.perf_counter()
-        self.process = subprocess.Popen(self.command, cwd=common.REPOSITORY, env=env,
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True, errors="replace")
-        threading.Thread(target=self._read_log, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc_info):
-        self.stop()
-
-    @property
-    def pid(self):
-        return self.process.pid
-
-    def _read_log(self):
-        for line in self.process.stderr:  # drained to the end, so the pipe never fills
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            match = SERVING_LINE.search(line)
-            if match and self.port is None:
-                self.port, self.name = int(match["port"]), match["name"]
-                self._bound.set()
-            match = WARMUP_LINE.search(line)
-            if match and self.warmup is None:
-                self.warmup = {"requests": int(match["count"]),
-                               "version": int(match["version"]),
-                               "seconds": float(match["seconds"])}
-        self._bound.set()  # the process ended
-
-    def log_tail(self, count=20):
-        return "\n".join(f"    server: {line}" for line in self.lines[-count:])
-
-    def wait_until_available(self):
-        """Waits for the state AVAILABLE; returns seconds from process start."""
-        deadline = self.started + self.startup_timeout
-        if not self._bound.wait(max(deadline - time.perf_counter(), 0)) or self.port is None:
-            raise RuntimeError(f"The server did not report its port within "
-                               f"{self.startup_timeout:g} s:\n{self.log_tail()}")
-        client = Client(self.port)
-        try:
-            while time.perf_counter() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"The server exited with status {self.process.returncode}"
-                                       f":\n{self.log_tail()}")
-                status, payload = client.request("GET", f"/v1/models/{self.name}")
-                states = [s.get("state") for s in (payload or {}).get("model_version_status", [])]
-                if status == 200 and "AVAILABLE" in states:
-                    return time.perf_counter() - self.started
-                time.sleep(0.1)
-        finally:
-            client.close()
-        raise RuntimeError(f"The model was not AVAILABLE within {self.startup_timeout:g} s:\n"
-                           f"{self.log_tail()}")
-
-    def stop(self):
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()  # SIGTERM: the server answers what is in flight, then exits
-        try:
-            self.process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-class Client:
-    """One keep-alive HTTP connection to the server; reconnects after an error."""
-
-    def __init__(self, port, timeout=120):
-        self.port, self.timeout = port, timeout
-        self.connection = None
-
-    def connect(self):
-        if self.connection is None:
-            self.connection = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
-            self.connection.connect()
-
-    def request(self, method, path, body=None):
-        """(status, parsed JSON or None); status is None after a connection error."""
-        try:
-            self.connect()
-            headers = {"content-type": "application/json"} if body is not None else {}
-            self.connection.request(method, path, body=body, headers=headers)
-            response = self.connection.getresponse()
-            data = response.read()
-            if response.getheader("connection", "").lower() == "close":
-                self.close()
-        except (OSError, http.client.HTTPException):
-            self.close()
-            return None, None
-        try:
-            return response.status, json.loads(data)
-        except ValueError:
-            return response.status, None
-
-    def predict(self, name, body, instances):
-        """(seconds, ok, failure) of one predict request of `instances` instances."""
-        start = time.perf_counter()
-        status, payload = self.request("POST", f"/v1/models/{name}:predict", body)
-        seconds = time.perf_counter() - start
-        if status is None:
-            return seconds, False, "connection error"
-        if status != 200:
-            return seconds, False, f"HTTP {status}"
-        if not isinstance(payload, dict) or len(payload.get("predictions", ())) != instances:
-            return seconds, False, "bad answer"
-        return seconds, True, None
-
-    def close(self):
-        if self.connection is not None:
-            self.connection.close()
-            self.connection = None
-
-
-def run_load(port, name, bodies, concurrency, total, deadline, on_complete=None):
-    """`total` one-sentence requests from `concurrency` clients, each with one
-    keep-alive connection, stopping early at `deadline`. Returns the figures.
-
-    The clients are coroutines of one asyncio loop that write each request's
-    prepared bytes and read the answer by its Content-Length: a load
-    generator as light as Python allows, since every CPU cycle it takes is
-    one the server on the same machine does not get (32 threads of
-    `http.client` took measurably more). Every answer is still parsed and
-    checked for its one prediction."""
-    import asyncio
-
-    return asyncio.run(_run_load(port, name, bodies, concurrency, total, deadline,
-                                 on_complete))
-
-
-def _request_bytes(name, body):
-    return (f"POST /v1/models/{name}:predict HTTP/1.1\r\nHost: {HOST}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-            ).encode() + body
-
-
-async def _read_answer(reader):
-    """(status, body, close) of one HTTP/1.1 answer with a Content-Length."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
-    headers = {key.strip().lower(): value.strip() for key, value in headers.items()}
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return status, body, headers.get("connection", "").lower() == "close"
-
-
-async def _run_load(port, name, bodies, concurrency, total, deadline, on_complete):
-    import asyncio
-
-    requests = [_request_bytes(name, body if isinstance(body, bytes) else body.encode())
-                for body in bodies]
-    state = {"next": 0, "done": 0}
-    latencies, failures = [], {}
-    ready, go = [0], asyncio.Event()
-
-    def fail(kind):
-        failures[kind] = failures.get(kind, 0) + 1
-
-    async def connect():
-        return await asyncio.wait_for(asyncio.open_connection(HOST, port), 30)
-
-    async def client():
-        connection = None
-        try:
-            connection = await connect()
-        except (OSError, asyncio.TimeoutError):
-            pass  # the first request reconnects and counts the error
-        ready[0] += 1
-        await go.wait()
-        while state["next"] < total and time.perf_counter() <= deadline:
-            index = state["next"]
-            state["next"] += 1
-            start = time.perf_counter()
-            failure = None
-            try:
-                if connection is None:
-                    connection = await connect()
-                reader, writer = connection
-                writer.write(requests[index % len(requests)])
-                status, body, close = await asyncio.wait_for(_read_answer(reader), 120)
-                if close:
-                    writer.close()
-                    connection = None
-                if status != 200:
-                    failure = f"HTTP {status}"
-                else:
-                    payload = json.loads(body)
-                    if not isinstance(payload, dict) or len(payload.get("predictions", ())) != 1:
-                        failure = "bad answer"
-            except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                    asyncio.TimeoutError, ValueError):
-                failure = "connection error"
-                if connection is not None:
-                    connection[1].close()
-                connection = None
-            seconds = time.perf_counter() - start
-            state["done"] += 1
-            if failure is None:
-                latencies.append(seconds)
-            else:
-                fail(failure)
-            if on_complete is not None:
-                on_complete(state["done"])
-        if connection is not None:
-            connection[1].close()
-
-    tasks = [asyncio.ensure_future(client()) for _ in range(concurrency)]
-    while ready[0] < concurrency:
-        await asyncio.sleep(0.001)
-    start = time.perf_counter()
-    go.set()
-    await asyncio.gather(*tasks)
-    seconds = time.perf_counter() - start
-    return {
-        "clients": concurrency, "requests": state["done"], "ok": len(latencies),
-        "failed": sum(failures.values()), "failures": failures, "seconds": seconds,
-        "stopped_by_time_limit": state["done"] < total,
-        "sentences_per_s": len(latencies) / seconds if seconds > 0 else float("nan"),
-        "p50_ms": percentile(latencies, 50) * 1e3, "p95_ms": percentile(latencies, 95) * 1e3,
-        "p99_ms": percentile(latencies, 99) * 1e3,
-    }
 
 
 def load_table(server, bodies, args, deadline, label):
@@ -461,78 +186,6 @@ def shape_check(server, bank, metadata, args, deadline):
     return results
 
 
-class SlowConnections:
-    """`count` connections held open: half never send a byte, half send a
-    request's headers one byte every `interval` s. A connection the server
-    closes (its header timeout) is opened again at once."""
-
-    def __init__(self, port, name, count, interval=0.1):
-        self.port, self.interval = port, interval
-        self.count = count
-        self.header = (f"POST /v1/models/{name}:predict HTTP/1.1\r\nHost: {HOST}\r\n"
-                       + "X-Slow: " + "s" * 4000).encode("ascii")
-        self.sockets = []  # [socket, drips?, bytes sent]
-        self.reopened = 0
-        self.failed_connects = 0
-        self.answers = {}
-        self._stop = threading.Event()
-        self._thread = None
-
-    def _open(self, drips):
-        sock = socket.create_connection((HOST, self.port), timeout=10)
-        sock.setblocking(False)
-        return [sock, drips, 0]
-
-    def __enter__(self):
-        self.sockets = [self._open(i % 2 == 1) for i in range(self.count)]
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info):
-        self._stop.set()
-        self._thread.join()
-        for entry in self.sockets:
-            if entry is not None:
-                entry[0].close()
-
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            for index, entry in enumerate(self.sockets):
-                if entry is None:  # could not reconnect last time: try again
-                    entry = self.sockets[index] = self._reopen(index, None)
-                if entry is None:
-                    continue
-                sock, drips, sent = entry
-                if drips and sent < len(self.header):
-                    try:
-                        entry[2] += sock.send(self.header[sent:sent + 1])
-                    except OSError:
-                        pass  # seen as closed below
-            open_sockets = [e[0] for e in self.sockets if e is not None]
-            readable, _, _ = select.select(open_sockets, [], [], 0)
-            for index, entry in enumerate(self.sockets):
-                if entry is None or entry[0] not in readable:
-                    continue
-                try:
-                    data = entry[0].recv(4096)
-                except OSError:
-                    data = b""
-                first = data.split(b"\r\n", 1)[0].decode("ascii", "replace") or "closed"
-                self.answers[first] = self.answers.get(first, 0) + 1
-                entry[0].close()
-                self.reopened += 1
-                self.sockets[index] = self._reopen(index, entry[1])
-
-    def _reopen(self, index, drips):
-        drips = index % 2 == 1 if drips is None else drips
-        try:
-            return self._open(drips)
-        except OSError:
-            self.failed_connects += 1
-            return None
-
-
 def serial_latencies(server, bodies, count, offset=0):
     client = Client(server.port)
     latencies, failed = [], 0
@@ -614,113 +267,6 @@ def start_server(args, flags, label):
     return server, info
 
 
-def evaluate(results):
-    """[(target, measured, required, met)] of the issue's targets."""
-    rows = []
-    load = {(r["batching"], r["clients"]): r for r in results["load"]}
-    at_64 = [load[key] for key in (("off", 64), ("on", 64)) if key in load]
-    if at_64:
-        failed = sum(r["failed_all_rounds"] for r in at_64)
-        complete = not any(r["stopped_all_rounds"] for r in at_64)
-        rows.append(("failed requests, 64 concurrent one-sentence clients (batching off + on)",
-                     f"{failed}" + ("" if complete else " (stopped by the time limit)"),
-                     "0", failed == MAX_FAILED_AT_64 and complete))
-    if ("on", 1) in load and ("on", 32) in load:
-        one, many = load[("on", 1)], load[("on", 32)]
-        ratio = many["sentences_per_s"] / one["sentences_per_s"]
-        paired = [b / a for a, b in zip(one["rounds"], many["rounds"])]
-        rows.append(("batching on: sentences/s at 32 clients / 1 serial client (medians of "
-                     f"{len(one['rounds'])} rounds)",
-                     f"{ratio:.2f} (round by round: {', '.join(f'{r:.2f}' for r in paired)})",
-                     f"≥ {MIN_BATCHING_SPEEDUP:g}",
-                     ratio >= MIN_BATCHING_SPEEDUP))
-    if results["shapes"]:
-        worst = max(results["shapes"], key=lambda r: r["ratio"])
-        rows.append((("first request / warm p99, worst shape "
-                      f"({worst['signature']}, batch {worst['batch']}, width {worst['width']})"),
-                     f"{worst['ratio']:.2f}", f"≤ {MAX_FIRST_OVER_WARM:g}",
-                     worst["ratio"] <= MAX_FIRST_OVER_WARM))
-    slow = results.get("slow_clients")
-    if slow:
-        rows.append((f"delay of a good request (p50) with {slow['connections']} slow connections",
-                     f"{slow['delay_p50_ms']:.1f} ms", f"≤ {MAX_SLOW_CLIENT_DELAY_MS:g} ms",
-                     slow["delay_p50_ms"] <= MAX_SLOW_CLIENT_DELAY_MS and not slow["failed"]))
-    rss = results.get("rss")
-    if rss and rss["at_last_mark_mb"]:
-        marks = rss["marks"]
-        rows.append((f"RSS change between request {marks[0]:,} and {marks[1]:,}",
-                     f"{rss['change'] * 100:+.1f} %", f"within ±{MAX_RSS_CHANGE * 100:g} %",
-                     abs(rss["change"]) <= MAX_RSS_CHANGE))
-    return rows
-
-
-def markdown(results, command):
-    machine = results["machine"]
-    compiled = results["shapes_compiled"]
-    lines = [f"- Command: `{command}`",
-             (f"- Date: {results['date']}; machine: {machine['cpu']}, "
-              f"{machine['logical_cores']} logical cores; Python {machine['python']}; "
-              f"keras-transformer {results['commit']}"),
-             (f"- Model: `{results['saved_model']}` (version {results['version']}), batch sizes "
-              f"{compiled['batch_sizes']} × widths {compiled['lengths']}"), ""]
-    lines += ["| server | process start → AVAILABLE | warm-up (server log) | RSS at AVAILABLE |",
-              "| --- | --- | --- | --- |"]
-    for label, info in results["servers"].items():
-        warmup = info["warmup"] or {}
-        lines.append(f"| batching {label} | {info['start_to_available_s']:.1f} s | "
-                     f"{warmup.get('requests')} requests, {warmup.get('seconds')} s | "
-                     f"{info['rss_available_mb']:.0f} MiB |")
-    lines += ["", ("Load: each row is the median of its rounds (by sentences/s); the rounds "
-                   "ran interleaved, 1, 8, 32, 64 clients, then again."), "",
-              ("| batching | clients | requests per round | failed (all rounds) | sentences/s "
-               "| every round | p50 ms | p95 ms | p99 ms |"),
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results["load"]:
-        stopped = " (time limit)" if r["stopped_all_rounds"] else ""
-        lines.append(f"| {r['batching']} | {r['clients']} | {r['requests']}{stopped} | "
-                     f"{r['failed_all_rounds']} | {r['sentences_per_s']:.1f} | "
-                     f"{', '.join(f'{x:.1f}' for x in r['rounds'])} | {r['p50_ms']:.0f} | "
-                     f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} |")
-    if results["shapes"]:
-        by_signature = {}
-        for r in results["shapes"]:
-            by_signature.setdefault(r["signature"], []).append(r)
-        lines += ["", (f"First request of each shape vs {results['warm_repeats']} warm ones "
-                       "(fresh server, batching off):"), "",
-                  ("| signature | shapes | worst first / warm p99 (shape) | median ratio | "
-                   "largest first request |"), "| --- | --- | --- | --- | --- |"]
-        for signature, rows in by_signature.items():
-            worst = max(rows, key=lambda r: r["ratio"])
-            slowest = max(rows, key=lambda r: r["first_ms"])
-            lines.append(
-                f"| {signature} | {len(rows)} | {worst['ratio']:.2f} (batch {worst['batch']}, "
-                f"width {worst['width']}: {worst['first_ms']:.0f} vs {worst['warm_p99_ms']:.0f} "
-                f"ms) | {percentile([r['ratio'] for r in rows], 50):.2f} | "
-                f"{slowest['first_ms']:.0f} ms (batch {slowest['batch']}, width "
-                f"{slowest['width']}; warm p99 {slowest['warm_p99_ms']:.0f} ms) |")
-    slow = results.get("slow_clients")
-    if slow:
-        lines += ["", (f"Slow clients (batching on): {slow['requests']} serial one-sentence "
-                       f"requests without, then with {slow['connections']} connections open "
-                       "(half idle, half sending headers one byte per 0.1 s): p50 "
-                       f"{slow['p50_without_ms']:.1f} → {slow['p50_with_ms']:.1f} ms, p95 "
-                       f"{slow['p95_without_ms']:.1f} → {slow['p95_with_ms']:.1f} ms; the "
-                       f"server closed {slow['slow_connections_closed_by_server']} of them "
-                       f"meanwhile ({slow['their_answers'] or 'none'}).")]
-    rss = results.get("rss")
-    if rss:
-        load = rss["load"]
-        lines += ["", (f"RSS (VmRSS, batching on, {load['clients']} clients, "
-                       f"{load['requests']} requests at {load['sentences_per_s']:.1f} "
-                       f"sentences/s, {load['failed']} failed): {rss['before_mb']:.0f} MiB "
-                       f"before, {_mb(rss['at_first_mark_mb'])} at request {rss['marks'][0]:,}, "
-                       f"{_mb(rss['at_last_mark_mb'])} at request {rss['marks'][1]:,}.")]
-    lines += ["", "| target | measured | required | result |", "| --- | --- | --- | --- |"]
-    for target, measured, required, met in results["targets"]:
-        lines.append(f"| {target} | {measured} | {required} | {'met' if met else 'not met'} |")
-    return "\n".join(lines)
-
-
 def git_commit():
     """The repository's short commit, marked when the server's code has changes."""
     def git(*arguments):
@@ -731,10 +277,6 @@ def git_commit():
     if git("status", "--porcelain", "--", "keras_transformer"):
         commit += " (uncommitted changes in keras_transformer/)"
     return commit
-
-
-def _mb(value):
-    return f"{value:.0f} MiB" if value else "n/a"
 
 
 def main(argv=None):

@@ -1,0 +1,90 @@
+"""The manual's code runs as written: every ```python block of README.md and docs/*.md.
+
+A page reads like a notebook: its blocks run in order in one fresh namespace, in a temporary
+working directory, under the backend of the pass. A failure names the page and the line where
+its block starts, and the traceback gives the page's own line numbers. Shell commands sit in
+```bash blocks, which are not run.
+"""
+
+import glob
+import os
+import re
+
+import pytest
+from helpers import REPOSITORY
+
+_FENCE = re.compile(r"^```\s*(\S*)\s*$")
+# Fence labels that would hide Python code from this test.
+_OTHER_PYTHON_LABELS = ("py", "python3", "pycon", "ipython", "Python")
+
+
+def code_blocks(text):
+    """(label, first line number, code) of each fenced block of Markdown text,
+    counting lines from 1; the label is the word after the opening fence."""
+    blocks, label, start, lines = [], None, 0, []
+    for number, line in enumerate(text.splitlines(), 1):
+        fence = _FENCE.match(line)
+        if label is None:
+            if fence:
+                label, start, lines = fence.group(1), number + 1, []
+        elif fence and not fence.group(1):
+            blocks.append((label, start, "\n".join(lines) + "\n"))
+            label = None
+        else:
+            lines.append(line)
+    if label is not None:
+        raise ValueError(f"a ```{label} block opened at line {start - 1} is never closed")
+    return blocks
+
+
+def _read(page):
+    with open(os.path.join(REPOSITORY, page), encoding="utf-8") as file:
+        return file.read()
+
+
+def _pages():
+    docs = sorted(os.path.relpath(path, REPOSITORY)
+                  for path in glob.glob(os.path.join(REPOSITORY, "docs", "*.md")))
+    return ["README.md", *docs]
+
+
+PAGES = _pages()
+PAGES_WITH_CODE = [page for page in PAGES
+                   if any(label == "python" for label, _, _ in code_blocks(_read(page)))]
+
+
+def test_code_blocks_are_found_with_their_lines():
+    text = "# Title\n\n```python\nx = 1\n\ny = 2\n```\n\ntext\n```bash\nls\n```\n```\ntree\n```\n"
+    assert code_blocks(text) == [("python", 4, "x = 1\n\ny = 2\n"), ("bash", 11, "ls\n"),
+                                 ("", 14, "tree\n")]
+    with pytest.raises(ValueError, match="line 1 is never closed"):
+        code_blocks("```python\nx = 1\n")
+
+
+def test_the_readme_and_the_manual_hold_python_blocks():
+    assert "README.md" in PAGES_WITH_CODE
+    assert any(page.startswith("docs") for page in PAGES_WITH_CODE)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_python_code_is_labelled_python(page):
+    hidden = [(label, line) for label, line, _ in code_blocks(_read(page))
+              if label in _OTHER_PYTHON_LABELS]
+    assert not hidden, f"{page}: label these blocks ```python so that they run: {hidden}"
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE)
+def test_python_blocks_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = os.path.join(REPOSITORY, page)
+    namespace = {"__name__": "__main__"}
+    for label, line, code in code_blocks(_read(page)):
+        if label != "python":
+            continue
+        # Blank lines in front, so that the traceback's line numbers are the page's.
+        program = compile("\n" * (line - 1) + code, path, "exec")
+        try:
+            exec(program, namespace)
+        except Exception as error:
+            raise AssertionError(
+                f"{page}: the python block at line {line} failed: {error!r}") from error

@@ -83,15 +83,24 @@ class TokenEmbedding(keras.layers.Layer):
         return self._d_model
 
     def build(self, inputs_shape=None):
+        # Read in float32 even inside a mixed-precision autocast scope, and cast
+        # by `call` only after the lookup: the lookup's gradient is then a
+        # scatter-add into a float32 table. Cast before the lookup, thousands
+        # of updates to a frequent token's row would be summed in bfloat16 or
+        # float16, which is slow on a GPU and loses (or, loss-scaled,
+        # overflows) the sum.
         self.embeddings = self.add_weight(
             shape=(self._vocab_size, self._d_model),
             initializer=self._embeddings_initializer,
             name="embeddings",
+            autocast=False,
         )
         self.output_bias = None
         if self._use_output_bias:
+            # Added to float32 logits: read in float32 too.
             self.output_bias = self.add_weight(
-                shape=(self._vocab_size,), initializer="zeros", name="output_bias"
+                shape=(self._vocab_size,), initializer="zeros", name="output_bias",
+                autocast=False,
             )
         self.built = True
 
@@ -99,10 +108,9 @@ class TokenEmbedding(keras.layers.Layer):
         """The reverse projection's (d_model, vocab_size) matrix, in the compute
         dtype: the embeddings transposed, laid out as the product reads them.
 
-        A decoding step multiplies a few rows by it: XLA on a CPU took about
-        half as long per product with this matrix made once (a copy) as with
-        the embeddings transposed inside the product (benchmarks/RESULTS.md,
-        "Greedy decoding's last operations").
+        A decoding loop makes it once for all its steps: under XLA, a step's
+        few rows multiply faster by this contiguous copy than by the
+        embeddings transposed inside the product.
         """
         return ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
 
@@ -115,8 +123,9 @@ class TokenEmbedding(keras.layers.Layer):
             if self.output_bias is not None:
                 logits = logits + ops.cast(self.output_bias, "float32")
             return logits
-        embeddings = ops.cast(self.embeddings, self.compute_dtype)
-        outputs = ops.take(embeddings, ops.cast(inputs, "int32"), axis=0)
+        # The float32 rows are looked up first, then cast (see `build`).
+        outputs = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)
+        outputs = ops.cast(outputs, self.compute_dtype)
         if self._scale_embeddings:
             outputs = outputs * ops.cast(math.sqrt(self._d_model), self.compute_dtype)
         return outputs

@@ -1,6 +1,7 @@
 """Tests of §3.4 embeddings and §3.5 positional encodings."""
 
 import math
+import re
 
 import keras
 import numpy as np
@@ -136,3 +137,120 @@ def test_numpy_sizes_give_a_serializable_config():
     layer = TokenEmbedding(vocab_size=np.int64(10), d_model=np.int32(4))
     config = layer.get_config()
     assert type(config["vocab_size"]) is type(config["d_model"]) is int
+
+
+# The lookup's gradient under mixed precision (§5.4 trains in reduced precision
+# on GPUs): a frequent token's row receives thousands of updates, which must be
+# summed in float32. The row sums below need 12 significant bits, past
+# bfloat16's 8, and under mixed_float16 the loss-scaled sum passes float16's
+# largest value, so a sum in the compute dtype is wrong (bfloat16) or
+# overflows and the loss scaler skips the step (float16).
+ZIPF_IDS = ((np.random.default_rng(0).zipf(1.5, size=(4, 1024)) - 1) % 50).astype("int32")
+
+
+class _WeightedSum(keras.losses.Loss):
+    """sum(outputs * weights), with weights that bfloat16 and float16 hold exactly."""
+
+    def __init__(self, weights):
+        super().__init__(reduction="sum", dtype="float32")
+        self.weights = weights
+
+    def call(self, y_true, y_pred):
+        return keras.ops.sum(keras.ops.multiply(keras.ops.cast(y_pred, "float32"),
+                                                keras.ops.convert_to_tensor(self.weights)))
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_the_lookup_gradient_is_summed_in_float32_under_mixed_precision(policy):
+    keras.config.set_dtype_policy(policy)
+    d_model = 16  # √d_model = 4, exact in every dtype
+    weights = np.full((*ZIPF_IDS.shape, d_model), 2.0**-10, "float32")
+    weights[..., ::2] = 2.0**-11
+    layer = TokenEmbedding(vocab_size=50, d_model=d_model)
+    model = keras.Sequential([keras.Input(ZIPF_IDS.shape[1:], dtype="int32"), layer])
+    # SGD with rate 1: the update is the gradient. Under mixed_float16 Keras
+    # wraps it in loss scaling, which skips a step whose gradient overflowed.
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=_WeightedSum(weights),
+                  jit_compile=keras.backend.backend() != "torch")
+    before = layer.get_weights()[0].astype("float64")
+    model.train_on_batch(ZIPF_IDS, np.zeros(weights.shape, "float32"))
+    update = before - layer.get_weights()[0]
+    expected = np.zeros_like(before)
+    np.add.at(expected, ZIPF_IDS.ravel(), 4.0 * weights.reshape(-1, d_model))
+    assert np.bincount(ZIPF_IDS.ravel()).max() > 1000 and expected.max() > 4
+    np.testing.assert_allclose(update, expected, rtol=0, atol=2e-6)
+
+
+def _tiny_transformer_for_training(policy):
+    import keras_transformer as kt
+
+    keras.config.set_dtype_policy(policy)
+    config = kt.TransformerConfig.tiny(vocab_size=300)
+    model = kt.Transformer(config)
+    model.compile(optimizer=kt.paper_adam(config.d_model, 10),
+                  loss=kt.LabelSmoothedCrossEntropy(0.1))
+    batch = ({"source": ZIPF_IDS[:2, :6] + 4, "target": ZIPF_IDS[2:, :6] + 4},
+             ZIPF_IDS[:2, 1:7] + 4)
+    return model, batch
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="lowers JAX's train step")
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_jax_train_step_scatters_the_embedding_gradient_in_float32(policy):
+    """Keras's JAX trainer calls the model through `stateless_call`, with no
+    autocast scope around it: each layer opens its own, whatever its
+    `autocast`. The HLO of the jitted train step, before XLA's passes, must
+    still sum the table's gradient into a float32 [vocab, d_model] buffer."""
+    import jax
+
+    model, batch = _tiny_transformer_for_training(policy)
+    model.optimizer.build(model.trainable_variables)
+    state = tuple([v.value for v in variables] for variables in (
+        model.trainable_variables, model.non_trainable_variables,
+        model.optimizer.variables, model.metrics_variables))
+    hlo = jax.jit(model.train_step).lower(state, batch).as_text(dialect="hlo")
+    scatters = re.findall(r"= (\w+)\[([0-9,]*)\]\S* scatter\(", hlo)
+    assert ("f32", "300,32") in scatters, scatters
+    assert not [s for s in scatters if s[0] in ("bf16", "f16")], scatters
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="reads a TensorFlow graph")
+def test_tensorflow_train_step_sums_no_gradient_in_the_compute_dtype():
+    """TensorFlow's lookup gradient is an IndexedSlices that the optimizer
+    sums: no scatter or segment sum of the traced step may run in bfloat16."""
+    import tensorflow as tf
+
+    model, (inputs, labels) = _tiny_transformer_for_training("mixed_bfloat16")
+
+    @tf.function
+    def step(inputs, labels):
+        with tf.GradientTape() as tape:
+            loss = model.loss(labels, model(inputs, training=True))
+        variables = model.trainable_variables
+        model.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    graph = step.get_concrete_function(inputs, labels).graph
+    sums = [(op.type, op.get_attr("T")) for op in graph.get_operations()
+            if re.search("Scatter|SegmentSum", op.type) and "T" in op.node_def.attr]
+    assert sums and all(dtype == tf.float32 for _, dtype in sums), sums
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="reads torch's autograd graph")
+def test_torch_lookup_reads_the_float32_table():
+    """The backward of the lookup must feed the float32 table's gradient
+    directly (its index_add runs in float32), not through a cast."""
+    model, (inputs, labels) = _tiny_transformer_for_training("mixed_bfloat16")
+    loss = model.loss(labels, model(inputs, training=True))
+    table = model.source_embedding.embeddings.value
+    consumers, seen, stack = set(), set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for child, _ in node.next_functions:
+            if getattr(child, "variable", None) is table:
+                consumers.add(type(node).__name__)
+            stack.append(child)
+    assert any(re.search("Index|Embedding|Take|Gather", name) for name in consumers), consumers

@@ -13,7 +13,7 @@ result by a constant, so the loop cannot be folded away), best of 3 calls:
 JAX and TensorFlow compile the loop (`jax.jit`, `tf.function(jit_compile=True)`);
 torch runs it eagerly, where the kernels dominate at these sizes.
 
-    KERAS_BACKEND=jax python benchmarks/beam_reorder.py
+    KERAS_BACKEND=jax python benchmarks/experiments/beam_reorder.py
 """
 
 import argparse
@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 import common  # noqa: E402  (also puts the repository on sys.path)
 
 BATCH, BEAM, WIDTH, TENSORS = 8, 4, 256, 6

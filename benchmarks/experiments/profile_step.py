@@ -9,8 +9,8 @@ matmul work at all, and so how far above the matmul share any implementation
 could get. Our `Transformer` or the keras-hub-layer model of `peers.py`, the
 same sizes and batch as `training.py`.
 
-    KERAS_BACKEND=jax python benchmarks/profile_step.py                  # ours, default size
-    KERAS_BACKEND=jax python benchmarks/profile_step.py --model keras_hub --config large
+    KERAS_BACKEND=jax python benchmarks/experiments/profile_step.py     # ours, default size
+    KERAS_BACKEND=jax python benchmarks/experiments/profile_step.py --model keras_hub --config large
 
 Operation names are XLA's CPU names: matmuls are `dot` or YNNPACK fusions
 (`ynn_fusion`, XLA's CPU matmul library in jaxlib 0.10), layout changes are
@@ -28,7 +28,7 @@ import re
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 import common
 import peers
 

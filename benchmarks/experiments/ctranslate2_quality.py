@@ -14,9 +14,10 @@ cannot match by construction: ours divides by ((5 + |Y|) / 6)^α (Wu et al.,
 the paper's α = 0.6), CTranslate2 by |Y|^α. So beam 4 is run at α = 0 on both
 sides (where ids should match) and with each engine's own α = 0.6.
 
-    KERAS_BACKEND=jax python benchmarks/ctranslate2_quality.py              # quickstart run
-    KERAS_BACKEND=jax python benchmarks/ctranslate2_quality.py --threads 2  # 2 threads
-    python benchmarks/ctranslate2_quality.py --run-dir RUN --sources S.txt --references R.txt
+    KERAS_BACKEND=jax python benchmarks/experiments/ctranslate2_quality.py  # the quickstart run
+    KERAS_BACKEND=jax python benchmarks/experiments/ctranslate2_quality.py --threads 2
+    python benchmarks/experiments/ctranslate2_quality.py --run-dir RUN \
+        --sources S.txt --references R.txt
 """
 
 import argparse
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 import common  # noqa: E402  (also puts the repository on sys.path)
 
 BATCH = 32
@@ -38,7 +39,7 @@ def ctranslate2_translate(model_dir, source_tokenizer, target_tokenizer, sentenc
 
     import ctranslate2
 
-    from keras_transformer.inference.search import LENGTH_OFFSET
+    from keras_transformer.inference.limits import LENGTH_OFFSET
 
     names = ("shared_vocabulary.json",) * 2
     if not os.path.exists(os.path.join(model_dir, names[0])):
@@ -75,7 +76,7 @@ def main(argv=None):
     parser.add_argument("--limit", type=int, help="only the first N sentences")
     parser.add_argument("--threads", type=int, default=1,
                         help="CTranslate2's intra_threads (default 1: on this 2-core machine, "
-                        "in this process, 2 threads decoded 6-12x slower; RESULTS.md)")
+                        "in this process, 2 threads decoded several times slower)")
     args = parser.parse_args(argv)
     if bool(args.sources) != bool(args.references):
         parser.error("--sources and --references go together")

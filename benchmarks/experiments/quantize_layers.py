@@ -8,11 +8,11 @@ the library compiles its decoding loops (jax.jit with the weights as
 arguments, tf.function with XLA, torch under no_grad) and called `--repeats`
 times after 5 warm-up calls. Printed: the best and median microseconds per
 call (Python dispatch included) and int8 / float32 of the best. It is how
-benchmarks/RESULTS.md explains why `model.quantize("int8")` does not speed up
-decoding here (benchmarks/quantize.py measures the whole model).
+It shows why `model.quantize("int8")` does not speed up decoding on a CPU
+(quantize.py measures the whole model).
 
-    KERAS_BACKEND=jax python benchmarks/quantize_layers.py
-    KERAS_BACKEND=torch python benchmarks/quantize_layers.py --repeats 50
+    KERAS_BACKEND=jax python benchmarks/experiments/quantize_layers.py
+    KERAS_BACKEND=torch python benchmarks/experiments/quantize_layers.py --repeats 50
 """
 
 import argparse

@@ -7,7 +7,7 @@ Two parts, float32 against int8 each time:
    twice: once as it is, once more to be quantized with `model.quantize("int8")`
    (optionally `--filters`, Keras's regex / list of regexes on layer names).
    Both translate one test set with `Translator` (the quickstart's test split
-   `synthetic_translation(500, seed=3)`, as benchmarks/ctranslate2_quality.py,
+   `synthetic_translation(500, seed=3)`, as ctranslate2_quality.py,
    or `--sources` / `--references`), greedy and beam 4 with α = 0.6 (§6.1).
    Reported per (model, search): BLEU (sacreBLEU 13a, cased), exact match,
    sentences/s (batch 32, the test set's order, the second of two passes, so
@@ -35,11 +35,12 @@ without `quantize` (our `TokenEmbedding`, which is also the tied output
 projection, LayerNormalization, the position encoding) stay float32; Keras
 warns for each of them, and the script reports those warnings.
 
-    KERAS_BACKEND=jax python benchmarks/quantize.py
-    KERAS_BACKEND=jax python benchmarks/quantize.py --quick      # smoke run, figures meaningless
-    KERAS_BACKEND=jax python benchmarks/quantize.py --passes 3 --repeats 7
-    KERAS_BACKEND=tensorflow python benchmarks/quantize.py --passes 3 --repeats 7
-    KERAS_BACKEND=torch python benchmarks/quantize.py --limit 64 --lengths 32 --repeats 3
+    KERAS_BACKEND=jax python benchmarks/experiments/quantize.py
+    KERAS_BACKEND=jax python benchmarks/experiments/quantize.py --quick  # smoke run
+    KERAS_BACKEND=jax python benchmarks/experiments/quantize.py --passes 3 --repeats 7
+    KERAS_BACKEND=tensorflow python benchmarks/experiments/quantize.py --passes 3 --repeats 7
+    KERAS_BACKEND=torch python benchmarks/experiments/quantize.py --limit 64 --lengths 32 \
+        --repeats 3
 """
 
 import argparse
@@ -51,7 +52,7 @@ import warnings
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 import common  # noqa: E402  (puts the repository on sys.path)
 
 BATCH = 32  # sentences per Translator batch, as ctranslate2_quality.py

@@ -10,7 +10,7 @@ model class (unchecked), in alternating rounds, and reports target tokens/s
 (non-padding labels per second of `fit`, the first window of each model
 excluded: it compiles).
 
-    KERAS_BACKEND=jax python benchmarks/id_check.py [--steps 150] [--rounds 3]
+    KERAS_BACKEND=jax python benchmarks/experiments/id_check.py [--steps 150] [--rounds 3]
 """
 
 import argparse
@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 import common  # noqa: E402,F401  (puts the repository on sys.path)
 
 

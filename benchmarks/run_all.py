@@ -7,8 +7,10 @@ targets of issue 6 and writes `benchmarks/RESULTS.md`.
     gpu.py               per backend (skipped without a GPU)
 
 Each script prints one JSON line last; this script collects them and writes a
-Markdown report (machine, date, versions, command, tables, and PASS/FAIL for
-each target) plus the raw results beside it (`.json`). Targets:
+Markdown report (machine, versions, command, tables, and PASS/FAIL for each
+target) plus the raw results beside it (`.json`). The sections of the report
+that it does not write (written by hand from the other scripts' printed
+tables) are kept, in their order, after the ones it writes. Targets:
 
 * training tokens/s ≥ 1.2 × the keras-hub-layer model, on every backend;
 * training tokens/s ≥ 1.0 × native torch.nn.Transformer, on the torch backend;
@@ -36,6 +38,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+INTRODUCTION = """\
+The current figures of the maintained benchmarks: for each, the command, the machine, the table
+and what it means. How each figure is made: [README.md](README.md). The experiments behind past
+decisions, each with what it showed: [experiments/README.md](experiments/README.md). Earlier runs
+are in the history of this file in git.
+
+The sections down to "Analysis of the targets" are written by `python benchmarks/run_all.py`
+(the analysis by hand, after its run); a rerun replaces them and keeps the sections after them,
+which are written by hand from the printed tables of `decoding.py`, `gpu_all.sh` and
+`serving.py`."""
 DEFAULT_OUTPUT = os.path.join(HERE, "RESULTS.md")
 BACKENDS = ("tensorflow", "jax", "torch")
 PACKAGES = ("keras", "keras-hub", "tensorflow", "jax", "jaxlib", "torch", "numpy")
@@ -113,6 +125,8 @@ def targets(results, backends):
     rows = []
     best = results.get("matmul", {}).get("best_gflops")
     for backend in backends:
+        if ("training", backend, "default") not in results:
+            continue  # skipped: no rows
         for config in ("default", "large"):
             training = results.get(("training", backend, config), {})
             ratios = training.get("ratios", {})
@@ -125,7 +139,10 @@ def targets(results, backends):
         ours = large.get("ours", {}).get("gflops")
         check(rows, "training GFLOP/s at d_model 512 / best matmul GFLOP/s", backend,
               ours / best if ours and best else None, 0.6)
-        summary = results.get(("decoding", backend), {}).get("summary", {})
+    for backend in backends:
+        if ("decoding", backend) not in results:
+            continue
+        summary = results[("decoding", backend)].get("summary", {})
         for search in ("greedy", "beam"):
             figures = summary.get(search, {})
             long, short = figures.get("cached_ratio_lengths", (256, 32))
@@ -149,22 +166,28 @@ def number(value, digits=1):
 def report(results, backends, args, started):
     info = common.machine()
     best = results.get("matmul", {}).get("best_gflops")
-    parts = ["# Benchmark results", ""]
+    parts = ["# Benchmark results", "", INTRODUCTION, ""]
     if args.quick:
         parts += [("**QUICK MODE: tiny sizes and 2 steps, only to check that the scripts "
                    "run. These figures mean nothing.**"), ""]
     minutes = (datetime.datetime.now() - started).seconds // 60
     parts += [
-        f"- Date: {started:%Y-%m-%d %H:%M} (took {minutes} min)",
         (f"- Machine: {info['cpu']}, {info['logical_cores']} logical cores "
          f"({info['usable_cores']} usable), {info['os']}, Python {info['python']}"),
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
-        f"- Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}`",
+        (f"- Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}` "
+         f"(took {minutes} min)"),
         f"- FLOPs: {common.FLOP_FORMULA}",
         ("- Training: `model.train_on_batch` loop for both Keras models with "
          "`compile(jit_compile=\"auto\")`, each model's own default (column XLA), eager "
          "loop for torch.nn.Transformer; random ids, no padding; memory is the peak RSS of "
          "each model's own process (`ru_maxrss`, framework included)."),
+    ]
+    gpus = {backend: results[("gpu", backend)] for backend in backends
+            if ("gpu", backend) in results}
+    if gpus and all(gpu.get("skipped") for gpu in gpus.values()):
+        parts.append("- GPU: none visible here (`gpu.py` skipped).")
+    parts += [
         "", "## Targets", "",
         table(("target", "backend", "measured", "required", "result"),
               targets(results, backends)), "",
@@ -191,10 +214,11 @@ def report(results, backends, args, started):
                              number(r["first_step_s"]), number(r["peak_rss_mb"], 0),
                              number(r["gflops"]),
                              f"{r['gflops'] / best:.0%}" if best else "n/a"))
-    parts += ["## Training throughput", "",
-              table(("backend", "config", "model", "XLA", "params", "target tokens/s",
-                     "median ms/step", "first step s", "peak RSS MiB", "GFLOP/s",
-                     "of best matmul"), rows), ""]
+    if rows:
+        parts += ["## Training throughput", "",
+                  table(("backend", "config", "model", "XLA", "params", "target tokens/s",
+                         "median ms/step", "first step s", "peak RSS MiB", "GFLOP/s",
+                         "of best matmul"), rows), ""]
     rows = []
     for backend in backends:
         decoding = results.get(("decoding", backend), {})
@@ -205,21 +229,22 @@ def report(results, backends, args, started):
                                                 for n in decoding["lengths"]]))
     lengths = next((results[("decoding", b)]["lengths"] for b in backends
                     if "lengths" in results.get(("decoding", b), {})), [])
-    parts += ["## Decoding: ms per new token (seconds per batch)", "",
-              table(("backend", "method", *[f"{n} tokens" for n in lengths]), rows), ""]
+    if rows:
+        parts += ["## Decoding: ms per new token (seconds per batch)", "",
+                  table(("backend", "method", *[f"{n} tokens" for n in lengths]), rows), ""]
     rows = []
-    for backend in backends:
-        gpu = results.get(("gpu", backend), {})
-        if gpu.get("skipped") or "error" in gpu or not gpu:
-            rows.append((backend, "skipped: " + gpu.get("reason", gpu.get("error", "not run"))
+    for backend, gpu in gpus.items():
+        if gpu.get("skipped") or "error" in gpu:
+            rows.append((backend, "skipped: " + gpu.get("reason", gpu.get("error", ""))
                          .split(":")[0], *[""] * 4))
         else:
             rows.append((backend, f"{gpu['config']} {gpu['precision']}",
                          number(gpu["tokens_per_s"], 0), number(gpu["achieved_tflops"], 2),
                          "n/a" if gpu["mfu"] is None else f"{gpu['mfu']:.1%}",
                          number(gpu["peak_gpu_memory_mb"], 0)))
-    parts += ["## GPU", "", table(("backend", "run", "tokens/s", "TFLOP/s", "MFU",
-                                   "peak GPU MiB"), rows), ""]
+    if gpus and not all(gpu.get("skipped") for gpu in gpus.values()):
+        parts += ["## GPU", "", table(("backend", "run", "tokens/s", "TFLOP/s", "MFU",
+                                       "peak GPU MiB"), rows), ""]
     errors = [f"- {key}: {value['error']}" for key, value in results.items()
               if isinstance(value, dict) and "error" in value]
     if errors:

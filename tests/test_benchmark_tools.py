@@ -1,0 +1,75 @@
+"""The report that benchmarks/run_all.py writes: only the sections of the
+scripts that ran, and a rerun that keeps the hand-written sections of
+benchmarks/RESULTS.md without bringing dated history back."""
+
+import importlib.util
+import os
+import re
+import types
+
+import pytest
+from helpers import REPOSITORY
+
+RESULTS = os.path.join(REPOSITORY, "benchmarks", "RESULTS.md")
+
+
+@pytest.fixture(scope="module")
+def run_all():
+    path = os.path.join(REPOSITORY, "benchmarks", "run_all.py")
+    spec = importlib.util.spec_from_file_location("benchmark_run_all", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def training_result(ratio):
+    model = {"params": 1000, "tokens_per_s": 2000.0, "median_step_s": 0.4, "first_step_s": 5.0,
+             "peak_rss_mb": 1100.0, "gflops": 120.0, "jit_compile": True}
+    return {"ratios": {"ours/keras_hub": ratio}, "results": {"ours": model, "keras_hub": model}}
+
+
+def report(run_all, results):
+    import datetime
+
+    return run_all.report(results, ["jax"], types.SimpleNamespace(quick=False),
+                          datetime.datetime.now())
+
+
+def headings(text):
+    return [line for line in text.splitlines() if line.startswith("#")]
+
+
+def test_report_leaves_out_the_scripts_that_did_not_run(run_all):
+    results = {
+        "matmul": {"gflops": {"numpy": {"square": 200.0, "ffn": 180.0, "threads": None}},
+                   "shapes": {"square": [2048] * 3, "ffn": [1024, 512, 2048]},
+                   "best_gflops": 200.0},
+        ("training", "jax", "default"): training_result(1.25),
+        ("training", "jax", "large"): training_result(0.9),
+        ("gpu", "jax"): {"skipped": True, "reason": "No GPU visible to the jax backend"},
+    }
+    text = report(run_all, results)
+    assert headings(text) == ["# Benchmark results", "## Targets", "## Matmul rate (float32)",
+                              "## Training throughput"]
+    assert "- GPU: none visible here (`gpu.py` skipped)." in text
+    targets = text.split("## Targets")[1].split("## ")[0]
+    assert "| training tokens/s ours / keras-hub (default) | jax | 1.25 | ≥ 1.2 | PASS |" in targets
+    assert "| training tokens/s ours / keras-hub (large) | jax | 0.90 | ≥ 1.2 | FAIL |" in targets
+    assert "cached" not in targets  # decoding did not run: no decoding rows
+
+
+def test_a_rerun_keeps_the_hand_written_sections_and_drops_the_analysis(run_all):
+    with open(RESULTS) as file:
+        current = file.read()
+    sections = [h for h in headings(current) if h.startswith("## ")]
+    analysis = sections.index("## Analysis of the targets (written by hand for the run above)")
+    kept = run_all._kept_sections(RESULTS)
+    assert [h for h in headings(kept) if h.startswith("## ")] == sections[analysis + 1:]
+    rerun = report(run_all, {}) + kept
+    assert rerun.count(run_all.INTRODUCTION) == 1 and current.count(run_all.INTRODUCTION) == 1
+
+
+def test_results_md_has_no_dated_headings():
+    with open(RESULTS) as file:
+        dated = [h for h in headings(file.read()) if re.search(r"\d{4}-\d{2}-\d{2}|\d{2}:\d{2}", h)]
+    assert dated == []

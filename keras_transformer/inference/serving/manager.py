@@ -1,4 +1,4 @@
-"""Versions served the way TensorFlow Serving serves them.
+"""The manager: a model's versions loaded, warmed up, served and unloaded as in TF Serving.
 
 `ModelManager` watches a model's base path (`saved_models/NAME/`) for version
 folders every `file_system_poll_wait_seconds`, like TensorFlow Serving's

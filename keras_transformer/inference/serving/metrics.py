@@ -1,5 +1,7 @@
-"""Prometheus metrics of the built-in server, at TensorFlow Serving's path
-`/monitoring/prometheus/metrics` (built with `prometheus-client`)."""
+"""The server's metrics: Prometheus, at TensorFlow Serving's path `/monitoring/prometheus/metrics`.
+
+Built with `prometheus-client`, in a registry of the server's own.
+"""
 
 #: Batch sizes of the batch-size histogram: TensorFlow Serving's usual ones.
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)

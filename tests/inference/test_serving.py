@@ -1,15 +1,16 @@
 """The TF-Serving-style server (`keras_transformer.inference.serving`) over a
 tiny exported model: client mistakes down to malformed HTTP answered with a
 4xx JSON error and the server still serving, batching that answers what
-serial requests answer, a bounded batch queue, versions picked up only once
-complete and warmed up, a SIGTERM that answers the requests in flight, and
-Prometheus metrics.
+serial requests answer, a full batch queue answered 503, versions picked up
+only once complete and warmed up, a SIGTERM that answers the requests in
+flight, and Prometheus metrics. The batching scheduler alone is tested in
+`test_serving_batching.py`.
 
 The server does not depend on the backend a model was trained under: this
 file runs once, in the TensorFlow-backend pass of the suite. One model is
 exported for the module with a single compiled shape (batch 4 × width 32),
 so each version's warm-up compiles once; every socket is on 127.0.0.1 and
-has a timeout.
+has a timeout, and every wait is on the event awaited, with a deadline.
 """
 
 import base64
@@ -34,7 +35,6 @@ from helpers import REPOSITORY
 
 from keras_transformer.inference.serving import (
     BatchingParameters,
-    BatchScheduler,
     ServerOptions,
     TranslationServer,
 )
@@ -108,14 +108,11 @@ def read_response(sock):
     return Response(status, headers, body[:length])
 
 
-def exchange(port, *pieces, pause=0.3):
-    """Sends `pieces` on a new connection (`pause` seconds apart) and reads
-    one response (None: closed without an answer)."""
+def exchange(port, data):
+    """Sends `data` on a new connection and reads one response (None: closed
+    without an answer)."""
     with socket.create_connection((HOST, port), timeout=ANSWER_TIMEOUT) as sock:
-        for i, piece in enumerate(pieces):
-            if i:
-                time.sleep(pause)
-            sock.sendall(piece)
+        sock.sendall(data)
         return read_response(sock)
 
 
@@ -159,9 +156,9 @@ def wait_for(condition, timeout, what, interval=0.1):
 def _fresh_keras_state():
     """Replaces the suite's per-test seeding for this module: these tests use
     no Keras randomness (the model fixture seeds itself), and each
-    `tf.random.set_seed` makes the next signature call of the in-process
-    server about 0.5 s slower (TensorFlow clears its kernel cache), which over
-    90 tests would be most of the file's time."""
+    `tf.random.set_seed` clears TensorFlow's kernel cache, which slows the
+    next signature call of the in-process server enough that over 90 tests
+    it would be most of the file's time."""
     keras.config.set_dtype_policy("float32")
     yield
 
@@ -254,8 +251,8 @@ _CHUNKED = ("Transfer-Encoding: chunked",)
 _B64 = base64.b64encode
 
 MALFORMED = [
-    # (id, request bytes, a tuple of pieces sent apart, or a function of the
-    #  port; status; a phrase of the error)
+    # (id, request bytes or a function of the port that returns the
+    #  response; status; a phrase of the error)
     ("not JSON", _post(b"not json"), 400, "not valid JSON"),
     ("not UTF-8", _post(b'{"instances": ["\xff\xfe"]}'), 400, "not UTF-8"),
     ("truncated JSON", _post(b'{"instances": ["a"'), 400, "not valid JSON"),
@@ -407,7 +404,7 @@ def test_malformed_request_is_answered_with_a_json_error_and_the_server_keeps_se
     if callable(what):
         response = what(server.port)
     else:
-        response = exchange(server.port, *(what if isinstance(what, tuple) else (what,)))
+        response = exchange(server.port, what)
     assert response is not None, "the server closed the connection without answering"
     assert response.status == status, response
     assert response.headers["content-type"] == "application/json"
@@ -443,16 +440,22 @@ def test_20_kb_header_in_one_piece_is_refused(server):
     assert response.status == 400
 
 
+def errors_counted(port):
+    """Requests answered with a 4xx or 5xx, as the metrics count them."""
+    counts = re.findall(rf'^keras_transformer_request_count_total\{{model_name="{NAME}",'
+                        r'status="[45]\d\d"\} (\S+)$', metrics_text(port), re.MULTILINE)
+    return sum(float(count) for count in counts)
+
+
 def test_broken_framing_is_not_a_server_fault(server):
-    before = len(server.log)
+    before, errors = len(server.log), errors_counted(server.port)
     response = exchange(server.port, http("POST", PREDICT, headers=_CHUNKED, content_length=False)
                         + b"zz\r\nabc\r\n0\r\n\r\n")
-    assert response.status == 400
-    # The request's task ends after the answer: give it time to log.
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and not any(
-            "Internal error" in line for line in server.log[before:]):
-        time.sleep(0.1)
+    assert response.status == 400  # from the protocol, which closes the connection
+    # The request's own task ends after that answer, on the closed connection:
+    # it logs a fault, if any, before it counts its status.
+    wait_for(lambda: errors_counted(server.port) > errors, ANSWER_TIMEOUT,
+             "the request's task counting its answer", interval=0.02)
     assert not any("Internal error" in line for line in server.log[before:])
     assert 'status="500"' not in metrics_text(server.port)
 
@@ -612,149 +615,38 @@ def test_prometheus_metrics(server):
                      text, re.MULTILINE)
 
 
-# The batch scheduler, with a servable that runs when the test lets it.
-
-
-class FakeServable:
-    """Records each batch it runs; `run` waits for `release` (set at first)."""
-
-    def __init__(self):
-        self.batches = []
-        self.started = threading.Event()
-        self.release = threading.Event()
-        self.release.set()
-
-    def run(self, signature, instances):
-        self.batches.append((signature, list(instances)))
-        self.started.set()
-        assert self.release.wait(ANSWER_TIMEOUT), "never released"
-        if "fail" in instances:
-            raise RuntimeError("the model failed")
-        return [f"{signature}:{instance}" for instance in instances]
-
-
-def held_scheduler(servable, **parameters):
-    """A one-thread scheduler whose worker runs a first task ("first") and
-    holds it there until `servable.release` is set."""
-    scheduler = BatchScheduler(BatchingParameters(num_batch_threads=1, **parameters))
-    servable.release.clear()
-    first = scheduler.submit(servable, "sig", ["first"])
-    assert servable.started.wait(ANSWER_TIMEOUT)
-    wait_for(lambda: scheduler.queue_depth == 0, ANSWER_TIMEOUT, "the first task leaving the queue")
-    return scheduler, first
-
-
-def results(futures):
-    return [future.result(timeout=ANSWER_TIMEOUT) for future in futures]
-
-
-def test_scheduler_refuses_a_task_that_does_not_fit_the_queue():
-    servable = FakeServable()
-    scheduler, first = held_scheduler(servable, max_batch_size=2, max_enqueued_batches=2,
-                                      batch_timeout_micros=0)
-    try:
-        queued = [scheduler.submit(servable, "sig", [f"a{i}", f"b{i}"]) for i in range(2)]
-        assert scheduler.queue_depth == 4
-        with pytest.raises(QueueFullError, match="queue is full"):
-            scheduler.submit(servable, "sig", ["one more"])
-        assert scheduler.queue_depth == 4, "a refused task queues nothing"
-        servable.release.set()
-        assert results([first] + queued) == [
-            ["sig:first"], ["sig:a0", "sig:b0"], ["sig:a1", "sig:b1"]]
-        assert scheduler.queue_depth == 0
-        assert scheduler.submit(servable, "sig", ["later"]).result(ANSWER_TIMEOUT) == [
-            "sig:later"]
-    finally:
-        servable.release.set()
-        scheduler.stop()
-    with pytest.raises(QueueFullError, match="shutting down"):
-        scheduler.submit(servable, "sig", ["after stop"])
-
-
-def test_scheduler_merges_tasks_of_one_signature():
-    servable = FakeServable()
-    scheduler, first = held_scheduler(servable, max_batch_size=8, batch_timeout_micros=0)
-    try:
-        futures = [scheduler.submit(servable, "sig", [f"x{i}", f"y{i}"]) for i in range(3)]
-        other = scheduler.submit(servable, "other", ["z"])
-        servable.release.set()
-        assert results([first] + futures + [other]) == [
-            ["sig:first"], ["sig:x0", "sig:y0"], ["sig:x1", "sig:y1"], ["sig:x2", "sig:y2"],
-            ["other:z"]]
-    finally:
-        servable.release.set()
-        scheduler.stop()
-    assert servable.batches == [("sig", ["first"]),
-                                ("sig", ["x0", "y0", "x1", "y1", "x2", "y2"]),
-                                ("other", ["z"])]
-
-
-def test_scheduler_without_batching_runs_each_task_alone():
-    servable = FakeServable()
-    scheduler, first = held_scheduler(servable, enabled=False, max_batch_size=4)
-    try:
-        futures = [scheduler.submit(servable, "sig", [f"x{i}", f"y{i}"]) for i in range(3)]
-        big = scheduler.submit(servable, "sig", [f"b{i}" for i in range(6)])
-        servable.release.set()
-        assert results([first] + futures + [big])[-1] == [f"sig:b{i}" for i in range(6)]
-    finally:
-        servable.release.set()
-        scheduler.stop()
-    assert [len(instances) for _, instances in servable.batches] == [1, 2, 2, 2, 6]
-
-
-def test_scheduler_splits_a_large_task_and_reassembles_it_in_order():
-    servable = FakeServable()
-    scheduler = BatchScheduler(BatchingParameters(max_batch_size=3, num_batch_threads=2,
-                                                  batch_timeout_micros=0))
-    try:
-        instances = [f"s{i}" for i in range(8)]
-        assert scheduler.submit(servable, "sig", instances).result(ANSWER_TIMEOUT) == [
-            f"sig:{s}" for s in instances]
-    finally:
-        scheduler.stop()
-    assert sorted(len(batch) for _, batch in servable.batches) == [2, 3, 3]
-    assert sorted(s for _, batch in servable.batches for s in batch) == sorted(instances)
-
-
-def test_scheduler_drops_a_cancelled_task_and_keeps_serving():
-    # At shutdown, uvicorn cancels the requests still waiting: their futures
-    # are cancelled while queued, and the worker must live on.
-    servable = FakeServable()
-    scheduler, first = held_scheduler(servable, max_batch_size=8, batch_timeout_micros=0)
-    try:
-        cancelled = scheduler.submit(servable, "sig", ["gone"])
-        kept = scheduler.submit(servable, "sig", ["kept"])
-        assert cancelled.cancel()
-        servable.release.set()
-        assert results([first, kept]) == [["sig:first"], ["sig:kept"]]
-        assert scheduler.submit(servable, "sig", ["ok"]).result(ANSWER_TIMEOUT) == ["sig:ok"]
-    finally:
-        servable.release.set()
-        scheduler.stop()
-    assert all("gone" not in batch for _, batch in servable.batches)
-    with pytest.raises(ValueError, match="at least one instance"):
-        scheduler.submit(servable, "sig", [])
-
-
-def test_scheduler_gives_a_failed_batch_error_to_each_of_its_tasks():
-    servable = FakeServable()
-    scheduler, first = held_scheduler(servable, max_batch_size=8, batch_timeout_micros=0)
-    try:
-        failing = [scheduler.submit(servable, "sig", ["ok"]),
-                   scheduler.submit(servable, "sig", ["fail"])]
-        servable.release.set()
-        assert first.result(ANSWER_TIMEOUT) == ["sig:first"]
-        for future in failing:
-            with pytest.raises(RuntimeError, match="the model failed"):
-                future.result(ANSWER_TIMEOUT)
-        assert scheduler.submit(servable, "sig", ["ok"]).result(ANSWER_TIMEOUT) == ["sig:ok"]
-    finally:
-        servable.release.set()
-        scheduler.stop()
-
-
 # Versions.
+
+
+class Polls:
+    """Counts a manager's polls of its base path, so that a test can wait for
+    polls that began after it changed the base path."""
+
+    def __init__(self, manager):
+        self._condition = threading.Condition()
+        self._begun = self._ended = 0
+        poll = manager.poll
+
+        def counted_poll():
+            with self._condition:
+                self._begun += 1
+            try:
+                poll()
+            finally:
+                with self._condition:
+                    self._ended += 1
+                    self._condition.notify_all()
+
+        manager.poll = counted_poll  # the polling thread looks it up on each poll
+
+    def wait(self, count=1):
+        """Waits until `count` polls that begin after this call have ended
+        (polls run one after another: once poll number begun + count has
+        ended, so have the `count` polls after this call)."""
+        with self._condition:
+            last = self._begun + count
+            assert self._condition.wait_for(lambda: self._ended >= last, ANSWER_TIMEOUT), (
+                f"{count} polls did not end within {ANSWER_TIMEOUT} s")
 
 
 def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path):
@@ -771,12 +663,13 @@ def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path):
         assert response.status == 503 and response.headers["retry-after"] == "1"
         assert "warming up" in json.loads(response.body)["error"]
         polling.wait_until_available(LOAD_TIMEOUT)
+        polls = Polls(polling.manager)
         status, answer = predict(port, {"instances": [GOOD_SENTENCE]})
         assert status == 200
 
         # (a) An incomplete version (no saved_model.pb yet) is never loaded.
         shutil.copytree(base / "1" / "variables", base / "2" / "variables")
-        time.sleep(1.5)  # several polls
+        polls.wait(2)
         assert request(port, "GET", MODEL)[1] == {"model_version_status": [{
             "version": "1", "state": "AVAILABLE",
             "status": {"error_code": "OK", "error_message": ""}}]}
@@ -787,7 +680,7 @@ def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path):
         # folder, then renamed.
         partial = base / f".partial-3-{os.getpid()}-test"
         shutil.copytree(model.version_path, partial)
-        time.sleep(0.5)
+        polls.wait()
         assert polling.manager.servable.version == 1, "a hidden folder is no version"
         os.rename(partial, base / "3")
 
@@ -837,6 +730,15 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _refused(port):
+    """Whether a connection to `port` is refused (nothing listens there)."""
+    try:
+        socket.create_connection((HOST, port), timeout=ANSWER_TIMEOUT).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 @pytest.fixture(scope="module")
 def sigterm_run(model, tmp_path_factory):
     """`keras-transformer serve` in a process, sent SIGTERM with 8 requests
@@ -871,12 +773,16 @@ def sigterm_run(model, tmp_path_factory):
                 sock.sendall(http("POST", PREDICT, stalled_body)[:-5])
             else:
                 sock.sendall(http("POST", PREDICT, full_body))
-        # Answered only once the event loop has handled what came before on
-        # the other connections: the 8 requests have begun.
+        # Answered only after the 8 requests have begun: their bytes were in
+        # the server's sockets before this connection was made, and the event
+        # loop reads every ready connection (parsing a request's headers and
+        # starting its task) before it runs the tasks so started, in order.
         assert request(port, "GET", MODEL)[0] == 200
-        time.sleep(0.3)
         process.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        # The shutdown has begun once the server closes its listening socket:
+        # only then are the 4 bodies completed.
+        wait_for(lambda: _refused(port), ANSWER_TIMEOUT, "the listening socket closing",
+                 interval=0.02)
         for sock in sockets[:4]:
             sock.sendall(stalled_body[-5:])
         responses = []

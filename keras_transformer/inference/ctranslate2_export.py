@@ -52,7 +52,7 @@ import os
 import numpy as np
 
 from keras_transformer import run_files
-from keras_transformer.inference.search import LENGTH_OFFSET, source_limit
+from keras_transformer.inference.limits import LENGTH_OFFSET, source_limit
 
 __all__ = ["QUANTIZATIONS", "convert_model", "export_ctranslate2", "transformer_spec"]
 

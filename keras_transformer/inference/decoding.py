@@ -7,32 +7,26 @@ with temperature, top-k and top-p, reproducibly for a seed.
 `greedy_search`, `sample_search` and `beam_search` take a batch of encoder inputs
 as NumPy arrays and give NumPy results: they check their arguments, compile
 the search of `keras_transformer.inference.search` for the backend
-(`keras_transformer.backend.compile_inference`: `jax.jit`,
+(`keras_transformer.inference.compiled.compile_inference`: `jax.jit`,
 `tf.function(jit_compile=True)`, PyTorch without gradients with each loop's
-condition and body traced by `torch.jit.trace`), and
-cache the compiled functions per model and per search setting, so JAX and
-TensorFlow reuse them for every batch of the same shape.
+condition and body traced by `torch.jit.trace`), and cache the compiled
+functions per model and per search setting, so JAX and TensorFlow reuse them
+for every batch of the same shape.
 """
 
-import dataclasses
 import weakref
 
 import numpy as np
 from keras import ops
 
-from keras_transformer import backend, validation
-from keras_transformer.inference.search import (
-    LENGTH_OFFSET,
-    length_penalty,
-    position_limit,
-    searched_beam_size,
-    source_width,
-    traced_search,
-)
+from keras_transformer import validation
+from keras_transformer.inference.compiled import compile_inference
+from keras_transformer.inference.limits import LENGTH_OFFSET, position_limit
+from keras_transformer.inference.sampling import check_sampling_options
+from keras_transformer.inference.search import searched_beam_size, traced_search
 
-__all__ = ["LENGTH_OFFSET", "Sampling", "beam_search", "check_model", "check_sampling_options",
-           "check_search_options", "greedy_search", "length_penalty", "sample_search",
-           "source_width", "traced_search"]
+__all__ = ["beam_search", "check_model", "check_search_options", "greedy_search",
+           "sample_search"]
 
 
 def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_return=1):
@@ -58,48 +52,6 @@ def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_ret
             f"num_return={num_return} is more than beam_size={beam_size}: beam search "
             f"finishes at most beam_size hypotheses a step, so raise beam_size to at least "
             f"{num_return} or ask for fewer.")
-
-
-def check_sampling_options(temperature=1.0, top_k=0, top_p=1.0, seed=0, num_return=1):
-    """Raises a ValueError that names a bad sampling setting.
-
-    Args:
-        temperature: A number > 0.
-        top_k: An integer >= 0 (0: no top-k filter).
-        top_p: A number in (0, 1] (1: no nucleus filter).
-        seed: An integer in [0, 2^31).
-        num_return: Samples per sentence, a positive integer.
-    """
-    validation.check_positive_number("temperature", temperature,
-                                     "1 samples from the model's distribution")
-    validation.check_non_negative_int("top_k", top_k, "0 keeps every token")
-    validation.check_unit_interval("top_p", top_p, "1 keeps every token")
-    if validation.check_non_negative_int("seed", seed) >= 2**31:
-        raise ValueError(f"seed={seed!r} must be below 2**31.")
-    validation.check_positive_int("num_return", num_return, "1 sample per sentence")
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """The settings of `sample_search`, checked when made.
-
-    `Translator.translate(sentences, sampling=Sampling(top_p=0.9, seed=1))`
-    samples instead of running beam search.
-
-    Args:
-        temperature: > 0; below 1 sharpens the distribution, above 1 flattens.
-        top_k: Keep only the k most probable tokens; 0 keeps all.
-        top_p: Keep the most probable tokens up to this total probability.
-        seed: An integer in [0, 2^31).
-    """
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self):
-        check_sampling_options(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 def check_model(model):
@@ -392,5 +344,5 @@ def _compiled_search(model, beam_size, max_output_length, num_return=1, sampling
             return traced_search(model, source_ids, special_ids, alpha, beam_size,
                                  max_output_length, num_return, sampling, streams, alignment)
 
-        functions[key] = backend.compile_inference(weakref.ref(model), search)
+        functions[key] = compile_inference(weakref.ref(model), search)
     return functions[key]

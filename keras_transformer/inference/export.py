@@ -32,7 +32,7 @@ tokenizer's own `detokenize_tf`. It pads every batch to one of the export's
 `ServingShapes` (a few batch sizes × a few widths), so XLA compiles a bounded
 set of shapes. The search is traced once per width, so that its output buffer
 (width + 50 unless `max_output_length` is given) has a known size and the loop
-grows its cache in phases (`search.cache_phases`) as the Python path does. It
+grows its cache in phases (`step.cache_phases`) as the Python path does. It
 writes TensorFlow Serving's warm-up file with one request
 per shape and signature (`keras_transformer.inference.warmup`). Beam size, α,
 the output length limit and N are fixed at export.
@@ -51,7 +51,8 @@ import tempfile
 from keras_transformer import run_files
 from keras_transformer.inference import saved_model, warmup
 from keras_transformer.inference.decoding import check_model, check_search_options
-from keras_transformer.inference.search import searched_beam_size, smallest_bucket, traced_search
+from keras_transformer.inference.limits import smallest_bucket
+from keras_transformer.inference.search import searched_beam_size, traced_search
 from keras_transformer.inference.shapes import ServingShapes
 
 

@@ -1,4 +1,4 @@
-"""SavedModel version folders and loading, in the layout TensorFlow Serving watches.
+"""SavedModel version folders and loading (§6.1 search, served), in TensorFlow Serving's layout.
 
 An export base (e.g. `saved_models/NAME/`) holds one folder per version,
 `1/`, `2/`, ..., each a SavedModel with `assets.extra/keras_transformer.json`

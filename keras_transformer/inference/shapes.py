@@ -15,7 +15,7 @@ flagged (`truncated` in the outputs), never failing the others.
 
 import dataclasses
 
-from keras_transformer.inference.search import source_limit
+from keras_transformer.inference.limits import source_limit
 
 #: TensorFlow Serving's usual allowed batch sizes: powers of two up to 64.
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -70,7 +70,7 @@ class ServingShapes:
             max_source_length: The longest input served (ids + EOS); None
                 means `config.max_length`, the length the model was trained
                 for. With sinusoidal positions it may be larger
-                (`keras_transformer.inference.search.source_limit`).
+                (`keras_transformer.inference.limits.source_limit`).
             batch_sizes: Ascending batch sizes, default `DEFAULT_BATCH_SIZES`.
             lengths: Ascending widths; default steps of 16 up to 64, then
                 about 1.5× apart, ending at `max_source_length`.

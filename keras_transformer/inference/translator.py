@@ -23,13 +23,13 @@ import numpy as np
 
 from keras_transformer import validation
 from keras_transformer.inference.decoding import (
-    Sampling,
     beam_search,
     check_model,
     check_search_options,
     sample_search,
 )
-from keras_transformer.inference.search import source_limit, source_width, truncate_source
+from keras_transformer.inference.limits import source_limit, source_width, truncate_source
+from keras_transformer.inference.sampling import Sampling
 
 __all__ = ["Hypothesis", "SourceTruncatedWarning", "Translation", "Translator"]
 
@@ -120,7 +120,7 @@ class Translator:
             None means `model.config.max_length` for learned positions (the
             table has no more rows) and at least `SINUSOIDAL_SOURCE_LIMIT`
             (1024) for sinusoidal ones, which extend past the training length
-            (§3.5). See `keras_transformer.inference.search.source_limit`.
+            (§3.5). See `keras_transformer.inference.limits.source_limit`.
 
     Example:
 

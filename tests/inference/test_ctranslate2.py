@@ -21,7 +21,7 @@ from keras_transformer.inference.ctranslate2_export import (
     export_ctranslate2,
     transformer_spec,
 )
-from keras_transformer.inference.search import LENGTH_OFFSET
+from keras_transformer.inference.limits import LENGTH_OFFSET
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.pipeline import encode_pairs

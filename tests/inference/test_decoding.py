@@ -12,8 +12,7 @@ from helpers import REPOSITORY, tiny_model
 from keras import ops
 
 from keras_transformer.inference import beam_search, greedy_search, length_penalty
-from keras_transformer.inference.decoding import _COMPILED
-from keras_transformer.inference.search import _best_first, searched_beam_size, traced_search
+from keras_transformer.inference.search import traced_search
 from keras_transformer.training.toy_tasks import ToyVocabulary
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -125,19 +124,42 @@ def test_beam_size_one_without_length_penalty_equals_greedy(model):
     np.testing.assert_allclose(ops.convert_to_numpy(beam_scores), greedy_scores, rtol=1e-5)
 
 
-def test_a_beam_of_one_without_length_penalty_runs_the_greedy_loop():
-    assert searched_beam_size(1, 0.0) is None
-    assert searched_beam_size(1, 0.6) == 1 and searched_beam_size(4, 0.0) == 4
-    model = tiny_model()
+def test_a_beam_of_one_runs_the_greedy_loop_without_a_length_penalty_only(monkeypatch):
+    """`beam_search` with `beam_size=1` and α = 0 runs greedy search's loop,
+    which gives what the beam loop would (the test above). With α > 0 it
+    keeps the beam loop, which finishes other hypotheses than greedy search:
+    longer ones, that score better by log P / lp(Y)."""
+    from keras_transformer.inference import search
+
+    loops = []
+    for name in ("greedy_loop", "beam_loop"):
+        def spy(*args, _name=name, _loop=getattr(search, name), **kwargs):
+            loops.append(_name)
+            return _loop(*args, **kwargs)
+
+        monkeypatch.setattr(search, name, spy)
+    model = tiny_model(seed=3)
     source = source_batch()
     ids, scores = beam_search(model, source, BOS, EOS, beam_size=1, alpha=0.0,
                               max_output_length=8)
-    assert [key[0] for key in _COMPILED[model]] == [None]  # greedy search's function
+    assert set(loops) == {"greedy_loop"}
     greedy_ids, greedy_scores = greedy_search(model, source, BOS, EOS, max_output_length=8)
     np.testing.assert_array_equal(ids, greedy_ids)
     np.testing.assert_array_equal(scores, greedy_scores)
-    beam_search(model, source, BOS, EOS, beam_size=1, alpha=0.6, max_output_length=8)
-    assert sorted(key[0] for key in _COMPILED[model] if key[0]) == [1]  # a penalty: the beam
+
+    loops.clear()
+    alpha = 5.0
+    ids, scores = beam_search(model, source, BOS, EOS, beam_size=1, alpha=alpha,
+                              max_output_length=8)
+    assert set(loops) == {"beam_loop"}
+    changed = [row for row in range(len(source)) if strip(ids)[row] != strip(greedy_ids)[row]]
+    assert changed, "a length penalty this strong makes a beam of one outlive greedy's EOS"
+    for row in changed:
+        hypotheses = [strip(ids)[row], strip(greedy_ids)[row]]
+        log_probs, lengths = sequence_log_probs(model, source[row], hypotheses, bos_id=BOS)
+        normalized = log_probs / ops.convert_to_numpy(length_penalty(lengths, alpha))
+        assert lengths[0] > lengths[1] and normalized[0] > normalized[1]
+        np.testing.assert_allclose(scores[row], normalized[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("overrides", [{}, CONFIGS["key_dim_unequal_value_dim"]],
@@ -252,18 +274,18 @@ def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch, return_a
     compiled loops: TensorFlow's XLA once failed on a third loop with a
     constant passed through, tensorflow/tensorflow#122886). The first phase is
     made small so that the test runs few steps; the library starts at 32."""
-    from keras_transformer.inference import decoding, search
+    from keras_transformer.inference import decoding, step
 
-    assert search.cache_phases(130) == [32, 64, 130]
-    monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 8)
-    assert search.cache_phases(40) == [8, 16, 40]
+    assert step.cache_phases(130) == [32, 64, 130]
+    monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 8)
+    assert step.cache_phases(40) == [8, 16, 40]
     model = tiny_model(seed=4)
     set_output_bias(model, EOS, -1e9)  # no hypothesis ends: every phase runs
     source = source_batch()
     options = dict(max_output_length=40, return_alignment=return_alignment)
     phased = [greedy_search(model, source, BOS, EOS, **options),
               beam_search(model, source, BOS, EOS, beam_size=2, **options)]
-    monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 1024)  # one phase
+    monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 1024)  # one phase
     decoding._COMPILED.pop(model, None)
     single = [greedy_search(model, source, BOS, EOS, **options),
               beam_search(model, source, BOS, EOS, beam_size=2, **options)]
@@ -285,18 +307,18 @@ def test_two_beam_steps_per_loop_iteration_decode_as_one(monkeypatch, max_output
     and with hypotheses that end at different steps. The phases are made
     small so that the test runs few steps; the library starts at 32 and
     pairs from 128."""
-    from keras_transformer.inference import decoding, search
+    from keras_transformer.inference import beam, decoding, step
 
-    assert search.PAIRED_BEAM_STEPS_FROM == 128
-    monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 8)
-    monkeypatch.setattr(search, "PAIRED_BEAM_STEPS_FROM", 16)
+    assert beam.PAIRED_BEAM_STEPS_FROM == 128
+    monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 8)
+    monkeypatch.setattr(beam, "PAIRED_BEAM_STEPS_FROM", 16)
     model = tiny_model(seed=5)
     set_output_bias(model, EOS, 1.0)
     source = source_batch()
     options = dict(beam_size=3, max_output_length=max_output_length, num_return=3,
                    return_alignment=True)
     paired = beam_search(model, source, BOS, EOS, **options)
-    monkeypatch.setattr(search, "PAIRED_BEAM_STEPS_FROM", None)
+    monkeypatch.setattr(beam, "PAIRED_BEAM_STEPS_FROM", None)
     decoding._COMPILED.pop(model, None)
     single = beam_search(model, source, BOS, EOS, **options)
     # Hypotheses end at different steps, some past the first (unpaired) phase.
@@ -305,17 +327,6 @@ def test_two_beam_steps_per_loop_iteration_decode_as_one(monkeypatch, max_output
     np.testing.assert_array_equal(paired[0], single[0])
     np.testing.assert_allclose(paired[1], single[1], rtol=1e-5)
     np.testing.assert_array_equal(paired[2], single[2])
-
-
-def test_equal_scores_rank_in_the_order_they_came_on_every_backend():
-    # ops.top_k leaves ties to the backend; the n-best merge must not, so that
-    # a hypothesis finished earlier keeps its place against an equal newcomer.
-    scores = np.array([[-1.0, -2.0, -1.0, -np.inf, -0.5, -np.inf],
-                       [-np.inf, -np.inf, -3.0, -3.0, -3.0, -3.0]], "float32")
-    best = ops.convert_to_numpy(_best_first(scores, 4))
-    np.testing.assert_array_equal(best, [[4, 0, 2, 1], [2, 3, 4, 5]])
-    np.testing.assert_array_equal(ops.convert_to_numpy(_best_first(scores, 6))[:, 4:],
-                                  [[3, 5], [0, 1]])
 
 
 def test_batched_search_equals_one_sentence_at_a_time(model):
@@ -354,10 +365,10 @@ def test_learned_positions_cap_the_output_length(monkeypatch, max_length):
     """An odd cap ends in a phase of one beam step per loop iteration: a
     second step would embed a position past the table (an error under
     PyTorch)."""
-    from keras_transformer.inference import search
+    from keras_transformer.inference import beam, step
 
-    monkeypatch.setattr(search, "FIRST_CACHE_PHASE", 4)
-    monkeypatch.setattr(search, "PAIRED_BEAM_STEPS_FROM", 8)
+    monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 4)
+    monkeypatch.setattr(beam, "PAIRED_BEAM_STEPS_FROM", 8)
     model = tiny_model(position_encoding="learned", max_length=max_length)
     set_output_bias(model, EOS, -1e4)
     ids, _ = beam_search(model, source_batch(), bos_id=BOS, eos_id=EOS)
@@ -366,7 +377,7 @@ def test_learned_positions_cap_the_output_length(monkeypatch, max_length):
 
 def test_compiled_once_per_shape_and_sees_new_weights(monkeypatch):
     # JAX and TensorFlow compile the search per shape; PyTorch traces its loop
-    # body per shape (keras_transformer.backend.while_loop).
+    # body per shape (keras_transformer.inference.compiled.while_loop).
     traces = []
     model = tiny_model()
     original = model.decode

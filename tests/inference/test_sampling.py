@@ -7,7 +7,7 @@ from keras import ops
 from test_decoding import BOS, EOS, sequence_log_probs, source_batch, strip
 
 from keras_transformer.inference import greedy_search, sample_search
-from keras_transformer.inference.search import sample_tokens, uniform_for_stream
+from keras_transformer.inference.sampling import sample_tokens, uniform_for_stream
 
 DRAWS = 20000
 # One row's log-probabilities over 8 tokens: token 0 (padding) and 1 are never

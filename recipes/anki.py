@@ -1,29 +1,25 @@
 """Tatoeba/Anki sentence pairs (English-Spanish by default).
 
-The file lists one English sentence with several translations, so the pairs
-are split into train / validation / test by English sentence: no English
-sentence appears in two splits. Without `--data`, English-Spanish is
-downloaded on first use (`spa-eng.zip`, the archive of the keras.io
-English-to-Spanish Transformer example) and its `spa.txt` checked against a
-pinned sha256 (`keras_transformer.training.downloads`); other languages need
-`--data` (files from www.manythings.org/anki).
+The file lists one English sentence with several translations, so the pairs are split
+into train / validation / test by English sentence: no English sentence appears in two
+splits. Without `--data`, English-Spanish is downloaded on first use (`spa-eng.zip`, the
+archive of the keras.io English-to-Spanish Transformer example) and its `spa.txt`
+checked against a pinned sha256 (`keras_transformer.training.downloads`); other
+languages need `--data` (files from www.manythings.org/anki). The run itself is
+`keras_transformer.training.run.run`.
 
     python -m recipes.anki [--data spa.txt[.gz]] [--direction en-es]
 """
 
-from recipes import common
+from keras_transformer.cli import errors, recipe
 
 DEFAULTS = dict(preset="small", vocab_size=8000, max_sentence_length=48, tokens_per_batch=4096,
                 epochs=5.0, checkpoint_every=1000, warmup_steps=1000)
 
 
 def main(argv=None):
-    from keras_transformer.training.data import load_tatoeba
-    from keras_transformer.training.downloads import fetch_anki_spa_eng
-
-    parser = common.build_parser(
-        "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS
-    )
+    parser = recipe.build_parser(
+        "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS)
     parser.add_argument("--data",
                         help="tab-separated 'English<TAB>translation' file, optionally gzipped "
                              "(default for --language es: download spa-eng.zip into the Keras "
@@ -36,23 +32,26 @@ def main(argv=None):
                         help="share of English sentences held out for validation")
     parser.add_argument("--test-fraction", type=float, default=0.05,
                         help="share of English sentences held out for testing")
-    parser.add_argument("--train-limit", type=int,
-                        help="use only the first N training pairs (smoke runs)")
+    recipe.add(parser, "train_limit")
     args = parser.parse_args(argv)
-    common.check_args(parser, args)
     if args.data is None and args.language != "es":
         parser.error(f"only English-Spanish is downloaded; for --language {args.language} "
                      "pass --data with the pairs file (e.g. fra.txt from "
                      "www.manythings.org/anki)")
     direction = args.direction or f"en-{args.language}"
-    splits = load_tatoeba(args.data or fetch_anki_spa_eng(), direction, languages=("en", args.language),
+    name = f"anki-{direction}"
+    options = recipe.run_options(parser, args, name, run_dir=f"runs/{name}")
+    from keras_transformer.training.data import first_pairs, load_tatoeba
+    from keras_transformer.training.downloads import fetch_anki_spa_eng
+    from keras_transformer.training.run import run
+
+    splits = load_tatoeba(args.data or fetch_anki_spa_eng(), direction,
+                          languages=("en", args.language),
                           validation_fraction=args.validation_fraction,
                           test_fraction=args.test_fraction, seed=args.seed)
-    splits["train"] = common.limit_pairs(splits["train"], args.train_limit)
-    if args.run_dir == "runs/anki":
-        args.run_dir = f"runs/anki-{direction}"
-    return common.run(args, splits, f"anki-{direction}")
+    splits["train"] = first_pairs(splits["train"], args.train_limit)
+    return run(splits, recipe.model_config(args), options)
 
 
 if __name__ == "__main__":
-    common.main_guard(main)
+    errors.guarded(main)

@@ -1,31 +1,25 @@
-"""Multi30k task 1 (En-De image captions): the standard small translation
-benchmark, trainable on a CPU.
+"""Multi30k task 1 (En-De image captions): the standard small translation benchmark,
+trainable on a CPU.
 
-Reads train / val / test_2016_flickr from `--data-dir` (plain or gzipped files,
-one sentence per line); without it, downloads the six files of the dataset's
-GitHub repository into the Keras cache on first use and checks their sha256
-(`keras_transformer.training.downloads`). Learns a SentencePiece vocabulary
-per language, trains with the paper's optimizer and label smoothing, and
-reports BLEU of beam search (beam 4) on test2016.
+Reads train / val / test_2016_flickr from `--data-dir` (plain or gzipped files, one
+sentence per line); without it, downloads the six files of the dataset's GitHub
+repository into the Keras cache on first use and checks their sha256
+(`keras_transformer.training.downloads`). Learns a SentencePiece vocabulary per
+language, trains with the paper's optimizer and label smoothing, and reports BLEU of
+beam search (beam 4) on test2016.
 
-The defaults are the README's "Multi30k in an hour" recipe: a narrow, deep
-model (d_model 128, N 4, h 4, d_ff 512, dropout 0.2, 3.9M parameters), two
-vocabularies of 8000 pieces (`--no-separate-vocabularies`: one shared), 8000
-steps of 2048 tokens per side in batching buckets 4 tokens wide, the rate of
-eq. (3) cooled down linearly to 0 over the last 40% of the steps, the last 5
-checkpoints averaged, and the length penalty α picked on the validation split
-from 0.8, 1.0, 1.2, 1.4 (`--alpha A` alone uses A instead). About 53 minutes
-of training on a 2-core CPU under TensorFlow, the backend that trains it
-fastest there, and 56-60 minutes for the whole command (41.3 BLEU de-en, 38.9
-en-de on test2016); JAX and torch take longer (the README gives their step
-times).
+The defaults are the "Multi30k in an hour" recipe: a narrow, deep model
+(d_model 128, N 4, h 4, d_ff 512, dropout 0.2), two vocabularies of 8000 pieces
+(`--no-separate-vocabularies`: one shared), 8000 steps of 2048 tokens per side in
+batching buckets 4 tokens wide, the rate of eq. (3) cooled down linearly to 0 over the
+last 40% of the steps (a short run ends at a low rate), the last 5 checkpoints
+averaged, and the length penalty α picked on the validation split from 0.8, 1.0, 1.2,
+1.4 (`--alpha A` alone uses A instead). TensorFlow trains it fastest on a CPU.
 
     KERAS_BACKEND=tensorflow python -m recipes.multi30k --direction de-en [--data-dir FOLDER]
 """
 
-import sys
-
-from recipes import common
+from keras_transformer.cli import errors, recipe
 
 DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=True,
                 max_sentence_length=64, tokens_per_batch=2048, bucket_width=4,
@@ -34,41 +28,54 @@ DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=True,
                 lr_scale=1.0, cooldown_steps="40%", tune_alpha=(0.8, 1.0, 1.2, 1.4))
 
 
-def parse_args(argv=None):
-    """The recipe's options, with the defaults above; `--epochs` replaces the
-    default `--steps`, and `--alpha` alone turns the default tuning off."""
-    parser = common.build_parser(
-        "multi30k", "Train a Transformer on Multi30k German<->English.", DEFAULTS
-    )
+def add_data_options(parser):
+    """--direction, --data-dir and --train-limit (also recipes/table3.py's)."""
     parser.add_argument("--direction", choices=("de-en", "en-de"), default="de-en",
                         help="translation direction")
     parser.add_argument("--data-dir",
                         help="folder with train.{de,en}[.gz], val.*, test_2016_flickr.* "
                              "(default: download them into the Keras cache on first use)")
-    parser.add_argument("--train-limit", type=int,
-                        help="use only the first N training pairs (smoke runs)")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    given = {word.split("=")[0] for word in argv}
-    if "--epochs" in given:  # the length the user chose, not the default --steps
+    recipe.add(parser, "train_limit")
+
+
+def load_splits(args):
+    """The Multi30k splits of --direction, the training split cut to --train-limit."""
+    from keras_transformer.training.data import first_pairs, load_multi30k
+    from keras_transformer.training.downloads import fetch_multi30k
+
+    splits = load_multi30k(args.data_dir or fetch_multi30k(), args.direction)
+    splits["train"] = first_pairs(splits["train"], args.train_limit)
+    return splits
+
+
+def build_parser():
+    parser = recipe.build_parser(
+        "multi30k", "Train a Transformer on Multi30k German<->English.", DEFAULTS)
+    add_data_options(parser)
+    return parser
+
+
+def parse_args(argv=None, parser=None):
+    """The recipe's options, with the defaults above; `--epochs` replaces the default
+    `--steps`, and `--alpha` alone turns the default tuning off."""
+    args = (parser or build_parser()).parse_args(argv)
+    given = recipe.given(argv)
+    if "epochs" in given:  # the length the user chose, not the default --steps
         args.steps = None
-    if "--alpha" in given and "--tune-alpha" not in given:
+    if "alpha" in given and "tune_alpha" not in given:
         args.tune_alpha = None  # an α given by hand is used as it is
-    common.check_args(parser, args)
     return args
 
 
 def main(argv=None):
-    from keras_transformer.training.data import load_multi30k
-    from keras_transformer.training.downloads import fetch_multi30k
+    parser = build_parser()
+    args = parse_args(argv, parser)
+    name = f"multi30k-{args.direction}"
+    options = recipe.run_options(parser, args, name, run_dir=f"runs/{name}")
+    from keras_transformer.training.run import run
 
-    args = parse_args(argv)
-    splits = load_multi30k(args.data_dir or fetch_multi30k(), args.direction)
-    splits["train"] = common.limit_pairs(splits["train"], args.train_limit)
-    if args.run_dir == "runs/multi30k":
-        args.run_dir = f"runs/multi30k-{args.direction}"
-    return common.run(args, splits, f"multi30k-{args.direction}")
+    return run(load_splits(args), recipe.model_config(args), options)
 
 
 if __name__ == "__main__":
-    common.main_guard(main)
+    errors.guarded(main)

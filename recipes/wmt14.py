@@ -1,11 +1,11 @@
 """WMT14 English-German, the paper's setting (§5.1), for a GPU with internet.
 
 `--config base` carries the paper's base hyperparameters (N=6, d_model=512, h=8,
-d_ff=2048, P_drop=0.1, ε_ls=0.1, warmup 4000, ~25000 tokens per batch side,
-100,000 steps, average of the last 5 checkpoints); `--config big` the big ones
-(d_model=1024, h=16, d_ff=4096, P_drop=0.3, 300,000 steps, last 20 averaged).
-The paper's shared BPE vocabulary had about 37000 tokens. The data comes from
-tensorflow-datasets (downloaded on first use).
+d_ff=2048, P_drop=0.1, ε_ls=0.1, warmup 4000, ~25000 tokens per batch side, 100,000
+steps, average of the last 5 checkpoints); `--config big` the big ones (d_model=1024,
+h=16, d_ff=4096, P_drop=0.3, 300,000 steps, last 20 averaged). The paper's shared BPE
+vocabulary had about 37000 tokens. The data comes from tensorflow-datasets (downloaded
+on first use). The run itself is `keras_transformer.training.run.run`.
 
     # one GPU, base model (the paper used 8 P100s for 12 hours):
     KERAS_BACKEND=jax python -m recipes.wmt14 --config base --precision mixed_bfloat16
@@ -13,9 +13,8 @@ tensorflow-datasets (downloaded on first use).
     KERAS_BACKEND=jax python -m recipes.wmt14 --config big --precision mixed_bfloat16
 """
 
-import sys
-
-from recipes import common
+from keras_transformer.cli import errors, recipe
+from keras_transformer.cli.options import positive_int
 
 PAPER = {
     "base": dict(preset="base", steps=100_000, keep_checkpoints=5, dropout_rate=0.1),
@@ -26,36 +25,35 @@ DEFAULTS = dict(vocab_size=37000, max_sentence_length=256, tokens_per_batch=2500
 
 
 def main(argv=None):
-    from keras_transformer.training.data import load_wmt14
-
-    parser = common.build_parser(
-        "wmt14", "Train the paper's base or big Transformer on WMT14 English-German.", DEFAULTS
-    )
+    parser = recipe.build_parser(
+        "wmt14", "Train the paper's base or big Transformer on WMT14 English-German.", DEFAULTS)
     parser.add_argument("--config", choices=tuple(PAPER), default="base",
                         help="the paper's base or big hyperparameters (sets --preset, --steps, "
                              "--keep-checkpoints and --dropout-rate unless given)")
     parser.add_argument("--direction", choices=("en-de", "de-en"), default="en-de",
                         help="translation direction")
     parser.add_argument("--tfds-dir", default=None, help="tensorflow-datasets data_dir")
-    parser.add_argument("--tokenizer-sample", type=int, default=1_000_000,
+    parser.add_argument("--tokenizer-sample", type=positive_int, default=1_000_000,
                         help="training pairs used to learn the vocabulary")
-    parser.add_argument("--train-limit", type=int, help="use only the first N training pairs")
+    recipe.add(parser, "train_limit", help="use only the first N training pairs")
     args = parser.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    given = {a.lstrip("-").split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    given = recipe.given(argv)
+    if "epochs" in given:  # the length the user chose, not the paper's steps
+        given.add("steps")
+        args.steps = None
     for key, value in PAPER[args.config].items():
         if key not in given:
             setattr(args, key, value)
-    common.check_args(parser, args)
-    splits = {
-        split: load_wmt14(split, args.direction, args.tfds_dir,
-                          max_examples=args.train_limit if split == "train" else None)
-        for split in ("train", "validation", "test")
-    }
-    if args.run_dir == "runs/wmt14":
-        args.run_dir = f"runs/wmt14-{args.config}-{args.direction}"
-    return common.run(args, splits, f"wmt14-{args.config}")
+    options = recipe.run_options(parser, args, f"wmt14-{args.config}",
+                                 run_dir=f"runs/wmt14-{args.config}-{args.direction}")
+    from keras_transformer.training.data import load_wmt14
+    from keras_transformer.training.run import run
+
+    splits = {split: load_wmt14(split, args.direction, args.tfds_dir,
+                                max_examples=args.train_limit if split == "train" else None)
+              for split in ("train", "validation", "test")}
+    return run(splits, recipe.model_config(args), options)
 
 
 if __name__ == "__main__":
-    common.main_guard(main)
+    errors.guarded(main)

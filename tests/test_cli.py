@@ -12,6 +12,7 @@ from helpers import REPOSITORY
 
 import keras_transformer as kt
 from keras_transformer import cli, logs, run_files
+from keras_transformer.cli import commands
 from keras_transformer.inference import Translator
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
@@ -47,7 +48,7 @@ def command_line(loaded, monkeypatch):
     def translator(path, max_source_length=None):
         return Translator(model, tokenizer, max_source_length=max_source_length)
 
-    monkeypatch.setattr(cli, "_translator", translator)
+    monkeypatch.setattr(commands, "load_translator", translator)
 
     def run(argv, stdin="", stdout=None):
         stdout = io.StringIO() if stdout is None else stdout
@@ -251,7 +252,7 @@ def test_command_line_mistakes_print_one_line(argv, message, capsys):
 def test_native_logs_are_hidden_unless_asked_for(argv, native_logs, monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(logs, "quiet_native_logs", calls.append)
-    monkeypatch.setattr(cli, "_plot", lambda args: None)
+    monkeypatch.setattr(commands, "plot", lambda args: None)
     try:
         cli.main(argv)
     except SystemExit:

@@ -16,10 +16,13 @@ from helpers import REPOSITORY, data_mirror, loopback_http, shared_data
 
 import keras_transformer as kt
 from keras_transformer import run_files as run_dir_files
+from keras_transformer.cli import recipe
 from keras_transformer.inference.saved_model import read_metadata
 from keras_transformer.training import downloads
 from keras_transformer.training.data import synthetic_translation
-from recipes import anki, average, common, multi30k, quickstart, table3, wmt14
+from keras_transformer.training.run import cooldown_steps
+from keras_transformer.training.vocabulary import learn_or_load_tokenizers
+from recipes import anki, average, multi30k, quickstart, table3, wmt14
 
 # What a test checks here does not depend on the backend (downloads, resuming
 # after a kill, the command lines' errors): it runs once, in the torch pass,
@@ -277,8 +280,8 @@ def test_recipe_user_errors_print_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--steps", "0"], "--steps must be positive"),
-    (["--cooldown-steps", "-1"], "--cooldown-steps must be 0 or positive"),
+    (["--steps", "0"], "argument --steps: must be a positive integer"),
+    (["--cooldown-steps", "-1"], "argument --cooldown-steps: must be 0 or positive"),
     (["--cooldown-steps", "101%"], "or a percentage such as 40%"),
     (["--cooldown-steps", "x%"], "or a percentage such as 40%"),
     (["--tune-alpha", "0.6,x"], "must be comma-separated non-negative numbers"),
@@ -297,7 +300,7 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert (args.vocab_size, args.separate_vocabularies, args.bucket_width) == (8000, True, 4)
     assert (args.d_model, args.num_layers, args.num_heads, args.d_ff, args.dropout_rate) == (
         128, 4, 4, 512, 0.2)
-    assert args.cooldown_steps == "40%" and common.cooldown_steps(args.cooldown_steps, 8000) == 3200
+    assert args.cooldown_steps == "40%" and cooldown_steps(args.cooldown_steps, 8000) == 3200
     assert args.tune_alpha == (0.8, 1.0, 1.2, 1.4)
     # A length or an α given by hand replaces the default one.
     assert multi30k.parse_args(["--epochs", "3"]).steps is None
@@ -305,12 +308,12 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert multi30k.parse_args(["--alpha=0.6", "--tune-alpha", "0.6,1"]).tune_alpha == (0.6, 1.0)
     assert multi30k.parse_args(["--cooldown-steps", "300"]).cooldown_steps == 300
     assert multi30k.parse_args(["--no-separate-vocabularies"]).separate_vocabularies is False
-    assert common.build_parser("x", "", {}).parse_args([]).separate_vocabularies is False
-    assert common.cooldown_steps("12.5%", 200) == 25
+    assert recipe.build_parser("x", "", {}).parse_args([]).separate_vocabularies is False
+    assert cooldown_steps("12.5%", 200) == 25
 
 
-@pytest.mark.parametrize("trained, option", [("tokenizer", "--no-separate-vocabularies"),
-                                             ("source_tokenizer", "--separate-vocabularies")])
+@pytest.mark.parametrize("trained, option", [("tokenizer", "separate_vocabularies=False"),
+                                             ("source_tokenizer", "separate_vocabularies=True")])
 def test_a_run_directory_keeps_the_vocabulary_layout_it_was_trained_with(
         tmp_path, trained, option):
     """A run of the earlier shared-vocabulary default, resumed under today's
@@ -322,12 +325,13 @@ def test_a_run_directory_keeps_the_vocabulary_layout_it_was_trained_with(
         ["--no-separate-vocabularies"] if trained == "source_tokenizer" else []))
     corpus = synthetic_translation(10, seed=0)
     with pytest.raises(ValueError, match=f"trained with .*: resume it with {option},"):
-        common.load_or_train_tokenizers(args, corpus)
+        learn_or_load_tokenizers(args.run_dir, corpus, args.vocab_size,
+                                 separate=args.separate_vocabularies)
     assert sorted(os.listdir(tmp_path)) == [trained]
 
 
 def test_a_cooldown_longer_than_the_run_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="--cooldown-steps 10 is more than the 4 steps"):
+    with pytest.raises(ValueError, match="cooldown_steps=10 is more than the 4 steps"):
         quickstart.main(["--run-dir", str(tmp_path / "run"), "--steps", "4",
                          "--checkpoint-every", "2", "--cooldown-steps", "10",
                          "--train-pairs", "50", "--test-pairs", "2", "--vocab-size", "320",
@@ -374,7 +378,8 @@ KILL_AT = """
 import os, signal, sys
 from keras_transformer import evaluation, run_files
 from keras_transformer.inference import export
-from recipes import common, quickstart
+from keras_transformer.cli import errors
+from recipes import quickstart
 
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -394,7 +399,7 @@ elif phase == "evaluated":
     evaluation.evaluate = die
 elif phase == "exported":
     export.export_saved_model = die
-common.main_guard(lambda: quickstart.main(argv))
+errors.guarded(quickstart.main, argv)
 """
 
 

@@ -23,6 +23,14 @@ MULTI30K_FILES = {"train": "train", "validation": "val", "test": "test_2016_flic
 MULTI30K_LANGUAGES = ("de", "en")
 
 
+def first_pairs(corpus, limit):
+    """The first `limit` pairs of a `ParallelCorpus` (all of them for None)."""
+    if limit is None:
+        return corpus
+    check_positive_int("limit", limit)
+    return corpus._replace(sources=corpus.sources[:limit], targets=corpus.targets[:limit])
+
+
 def read_lines(path):
     """The stripped lines of a UTF-8 text file, gzipped if its name ends in .gz."""
     if not os.path.exists(path):

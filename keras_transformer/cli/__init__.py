@@ -1,0 +1,37 @@
+"""The `keras-transformer` command: translate, evaluate, plot, average, export and serve.
+
+    keras-transformer translate runs/quickstart "kave tomi tozu"
+    keras-transformer translate runs/multi30k-de-en < test.de > hypotheses.en
+    keras-transformer evaluate runs/multi30k-de-en --source test.de --reference test.en
+    keras-transformer plot attention runs/quickstart "kave tomi tozu" --output-dir plots
+    keras-transformer plot positions --output plots/positions.png
+    keras-transformer plot schedule --output plots/schedule.png
+    keras-transformer plot training runs/multi30k-de-en runs/multi30k-en-de --steps-per-window 200
+    keras-transformer average --run-dir runs/multi30k-de-en --last 5
+    keras-transformer export runs/quickstart saved_models/quickstart
+    keras-transformer serve saved_models/quickstart --port 8501
+
+Training lives in the recipes (`python -m recipes.NAME --help`), whose options are built
+by `recipe.py`. The package is the outermost ring: `parser.py` reads the command line,
+`commands.py` calls the library (§6.1 decoding, the paper's figures, checkpoint averaging,
+export and serving), `options.py` holds the options that the commands and the recipes
+share, and `errors.py` turns a user's mistake into one `error:` line and exit status 2.
+Nothing here imports Keras until a command runs, so that an unknown `KERAS_BACKEND` is
+one line rather than a traceback.
+"""
+
+from keras_transformer.cli import errors, parser
+
+
+def main(argv=None):
+    """Runs `keras-transformer` with `argv` (the process's arguments by default)."""
+    errors.check_backend()
+    args = parser.parse_args(argv)
+    from keras_transformer import logs
+
+    logs.quiet_native_logs(args.native_logs)
+    with errors.user_errors():
+        args.run(args)
+
+
+__all__ = ["main"]

@@ -1,0 +1,70 @@
+"""User mistakes as one line (not a paper section): the error handling of every command line.
+
+The library raises; the command lines (`keras-transformer` and `python -m recipes.NAME`)
+turn what a user can fix (a missing file, a bad value, an unknown backend) into one
+`error: ...` line on stderr and exit status 2, instead of a traceback from deep inside
+Keras. Anything else is a bug and keeps its traceback.
+"""
+
+import contextlib
+import os
+import sys
+
+# What a user's mistake raises: a file that is missing or in the way, a bad value, a
+# wrong kind of file, a disk or network problem.
+USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError, TypeError, OSError)
+
+
+def fail(message, status=2):
+    """Prints `error: message` on stderr and exits with `status`."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def check_backend():
+    """Exits with one line for an unknown `KERAS_BACKEND`, before Keras is imported
+    (Keras's own error is a traceback). Every command line calls it first."""
+    from keras_transformer.backend import check_backend_name
+
+    try:
+        check_backend_name(os.environ.get("KERAS_BACKEND"))
+    except ValueError as error:
+        fail(error)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Runs the block; a user's mistake (`USER_ERRORS`) becomes one `error:` line and
+    exit status 2, a NaN or infinite training loss one line and status 1, and a
+    closed stdout (`| head`) a quiet exit with status 1, as Unix tools do."""
+    try:
+        yield
+    except BrokenPipeError:
+        _discard_stdout()
+        sys.exit(1)
+    except USER_ERRORS as error:
+        fail(error)
+    except RuntimeError as error:
+        # Only training raises it, so the module is loaded when it is raised.
+        fit = sys.modules.get("keras_transformer.training.fit")
+        if fit is None or not isinstance(error, fit.NonFiniteLossError):
+            raise
+        fail(error, status=1)
+
+
+def guarded(main, *args, **kwargs):
+    """`main(*args, **kwargs)` after `check_backend`, inside `user_errors`: how a
+    recipe runs as a script (`if __name__ == "__main__": errors.guarded(main)`)."""
+    check_backend()
+    with user_errors():
+        return main(*args, **kwargs)
+
+
+def _discard_stdout():
+    """Points file descriptor 1 at the null device, so that the interpreter's last
+    flush of stdout at exit does not fail on the closed pipe again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file
+        pass

@@ -1,0 +1,199 @@
+"""The recipes' command line: §5 training options and §6.1 scoring options, once for all.
+
+Every `python -m recipes.NAME` builds its parser with `build_parser` (the recipe adds
+its data options and its defaults), then hands the parsed options to the library:
+`run_options` makes the `keras_transformer.training.run.RunOptions` (an impossible
+combination is a usage error, exit status 2) and `model_config` the
+`TransformerConfig`. Each option is the `RunOptions` field (or config field) of the same
+name: `--keep-checkpoints` is `keep_checkpoints`.
+
+Nothing here imports Keras until a recipe asks for its options, so that an unknown
+`KERAS_BACKEND` is one line rather than a traceback.
+"""
+
+import argparse
+import dataclasses
+import sys
+
+from keras_transformer.cli import options
+from keras_transformer.cli.options import (
+    non_negative_floats,
+    positive_float,
+    positive_int,
+    steps_or_percent,
+)
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")  # = training.run.PRECISIONS
+PRESETS = ("tiny", "small", "base", "big")
+# Model options that override the preset's value when given (TransformerConfig fields).
+MODEL_FIELDS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
+                "attention_dropout_rate", "activation_dropout_rate", "label_smoothing",
+                "warmup_steps", "position_encoding", "norm_position", "max_length")
+
+# The recipes' own options, argparse's keywords by destination (`options.SHARED` holds
+# those the `keras-transformer` commands take too).
+OPTIONS = {
+    "run_dir": dict(help="folder for checkpoints, logs, the tokenizer and the final model; "
+                         "running the same command again resumes from it"),
+    "precision": dict(choices=PRECISIONS, default="float32",
+                      help="Keras dtype policy for training (mixed_* keep float32 variables)"),
+    "seed": dict(type=int, default=0, help="random seed"),
+    "verbose": dict(type=int, choices=(0, 1, 2), default=1,
+                    help="model.fit verbosity: 0 silent, 1 progress bar, 2 one line per window"),
+    "distribute": dict(choices=("none", "data", "model"), default="none",
+                       help="several devices: data parallel (JAX DataParallel, TF "
+                            "MirroredStrategy) or model parallel (JAX ModelParallel)"),
+    "model_parallel": dict(type=positive_int, default=2,
+                           help="with --distribute model: devices along the model axis"),
+    "steps": dict(type=positive_int, help="optimizer steps in all (the paper counts steps)"),
+    "epochs": dict(type=positive_float, help="passes over the training data, converted to steps"),
+    "checkpoint_every": dict(type=positive_int, default=500,
+                             help="steps between checkpoints and BackupAndRestore backups"),
+    "keep_checkpoints": dict(type=positive_int, default=5,
+                             help="newest checkpoints kept and averaged at the end (§6.1: 5 "
+                                  "base, 20 big)"),
+    "tokenizer": dict(choices=("sentencepiece", "wordpiece"), default="sentencepiece",
+                      help="subword algorithm (SentencePiece = BPE)"),
+    "vocab_size": dict(type=positive_int, default=8000, help="subword vocabulary size"),
+    "separate_vocabularies": dict(action=argparse.BooleanOptionalAction, default=False,
+                                  help="learn one vocabulary per language (--vocab-size each); "
+                                       "--no-separate-vocabularies learns one shared by both"),
+    "max_sentence_length": dict(type=positive_int, default=128,
+                                help="longest training source / target in subword tokens; "
+                                     "longer pairs are dropped"),
+    "tokens_per_batch": dict(type=positive_int, default=4096,
+                             help="token budget per batch and side, padding included (paper: "
+                                  "~25000)"),
+    "bucket_width": dict(type=positive_int, default=8,
+                         help="length step of the batching buckets: smaller pads less but "
+                              "compiles more train-step shapes"),
+    "preset": dict(choices=PRESETS, default="small", help="TransformerConfig preset"),
+    "max_length": dict(type=positive_int,
+                       help="most positions the model accepts (TransformerConfig.max_length): "
+                            "its longest input, ids + EOS"),
+    "num_layers": dict(type=positive_int, help="N, blocks per stack"),
+    "d_model": dict(type=positive_int, help="model width"),
+    "num_heads": dict(type=positive_int, help="h, attention heads"),
+    "d_ff": dict(type=positive_int, help="feed-forward inner width"),
+    "dropout_rate": dict(type=float, help="P_drop"),
+    "attention_dropout_rate": dict(type=float,
+                                   help="dropout on the attention weights (not in the paper)"),
+    "activation_dropout_rate": dict(type=float, help="dropout on the feed-forward ReLU "
+                                                     "activations (not in the paper)"),
+    "label_smoothing": dict(type=float, help="ε_ls"),
+    "warmup_steps": dict(type=positive_int, help="learning-rate warmup steps"),
+    "position_encoding": dict(choices=("sinusoidal", "learned"), help="positional encoding"),
+    "norm_position": dict(choices=("post", "pre"), help="LayerNorm placement"),
+    "lr_scale": dict(type=float, default=1.0,
+                     help="constant factor on the Noam learning-rate schedule"),
+    "cooldown_steps": dict(type=steps_or_percent, default=0, metavar="N|P%",
+                           help="over the last N steps of the run (or the last P percent of "
+                                "them), lower the rate linearly towards 0 (not in the paper; "
+                                "0: none)"),
+    "tune_alpha": dict(type=non_negative_floats, metavar="A,B,...",
+                       help="before the test split, translate the validation split with each "
+                            "of these length penalties (the averaged model's, else the final "
+                            "one's) and use the one of highest lower-cased BLEU instead of "
+                            "--alpha; the test split plays no part. Added to the command of a "
+                            "finished run, it tunes and scores the test split again"),
+    "eval_limit": dict(type=positive_int,
+                       help="evaluate on only the first N distinct test sentences"),
+    "validation_curve": dict(action="store_true",
+                             help="keep every checkpoint, and after training score each on "
+                                  "the validation split (beam search, --beam-size, --alpha) "
+                                  "into RUN_DIR/validation_curve.csv: BLEU against training "
+                                  "time (keras-transformer plot validation RUN_DIR draws it); "
+                                  "--keep-checkpoints still says how many are averaged"),
+    "evaluate_only": dict(action="store_true",
+                          help="train nothing: evaluate the run directory's model.keras (and "
+                               "model_averaged.keras) on the test split again, e.g. with "
+                               "another --beam-size or --eval-limit; results.json keeps the "
+                               "training figures"),
+    "export_dir": dict(help="also export model.keras as a TensorFlow SavedModel to "
+                            "EXPORT_DIR/VERSION/ (the next free version), e.g. "
+                            "saved_models/NAME; serve it with keras-transformer serve"),
+    "no_export": dict(action="store_true",
+                      help="skip the SavedModel export even if --export-dir is set"),
+    "train_limit": dict(type=positive_int,
+                        help="use only the first N training pairs (smoke runs)"),
+}
+
+# The help's groups; ("steps", "epochs") is a choice of one.
+GROUPS = (
+    ("run", ("run_dir", "precision", "seed", "native_logs", "verbose", "distribute",
+             "model_parallel", ("steps", "epochs"), "checkpoint_every", "keep_checkpoints")),
+    ("data", ("tokenizer", "vocab_size", "separate_vocabularies", "max_sentence_length",
+              "tokens_per_batch", "bucket_width")),
+    ("model (TransformerConfig; unset options keep the preset)",
+     ("preset", "max_length", *MODEL_FIELDS[:-1], "lr_scale", "cooldown_steps")),
+    ("evaluation", ("beam_size", "alpha", "tune_alpha", "eval_limit", "validation_curve",
+                    "evaluate_only", "export_dir", "no_export")),
+)
+
+
+def add(parser, name, **changes):
+    """Adds the recipe option `name` (or a shared one of `options.SHARED`) to `parser`
+    or an argument group, with `changes` to its keywords."""
+    return options.add(parser, name, OPTIONS if name in OPTIONS else options.SHARED,
+                       **changes)
+
+
+def build_parser(name, description, defaults):
+    """The options every recipe takes; `defaults` maps option destination → default."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m recipes.{name}", description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for title, names in GROUPS:
+        group = parser.add_argument_group(title)
+        for option in names:
+            if isinstance(option, tuple):
+                one_of = group.add_mutually_exclusive_group()
+                for choice in option:
+                    add(one_of, choice)
+            else:
+                add(group, option)
+    parser.set_defaults(run_dir=f"runs/{name}", **defaults)
+    return parser
+
+
+def given(argv=None):
+    """The destinations of the options written on a command line (the process's by
+    default): `--alpha 0.6` and `--alpha=0.6` give "alpha"."""
+    argv = sys.argv[1:] if argv is None else argv
+    return {word[2:].split("=")[0].replace("-", "_") for word in argv
+            if word.startswith("--")}
+
+
+def run_options(parser, args, name, run_dir=None):
+    """The `RunOptions` of parsed recipe options, named `name`; `run_dir` replaces the
+    parser's default --run-dir when that is not given. Quiets the native logs first
+    (unless --native-logs), as it loads Keras."""
+    from keras_transformer import logs
+
+    logs.quiet_native_logs(args.native_logs)
+    from keras_transformer.training.run import RunOptions
+
+    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(RunOptions)
+              if hasattr(args, field.name)}
+    if run_dir and args.run_dir == parser.get_default("run_dir"):
+        values["run_dir"] = run_dir
+    if args.steps is not None:
+        values["epochs"] = None  # --steps replaces a recipe's default --epochs
+    if args.no_export:
+        values["export_dir"] = None
+    try:
+        return RunOptions(**values, name=name)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def model_config(args):
+    """The `TransformerConfig` of --preset and the model options given. Its vocabulary
+    sizes are --vocab-size, which `run` replaces with the learned vocabulary's."""
+    from keras_transformer import TransformerConfig
+
+    overrides = {field: getattr(args, field) for field in MODEL_FIELDS
+                 if getattr(args, field, None) is not None}
+    if args.separate_vocabularies:
+        overrides.update(target_vocab_size=args.vocab_size, share_embeddings=False)
+    return getattr(TransformerConfig, args.preset)(vocab_size=args.vocab_size, **overrides)

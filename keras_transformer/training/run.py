@@ -1,0 +1,443 @@
+"""§5 Training and §6.1 results: the resumable training run behind every recipe.
+
+`run(splits, config, options)` learns a subword vocabulary on the training split (or
+reuses the run directory's) and sizes the config to it, batches the data by length
+(§5.1), trains with the paper's optimizer, schedule and label smoothing (§5.2-§5.4)
+through `fit.fit_steps`, saves `model.keras`, averages the last checkpoints (§6.1),
+optionally picks the length penalty α on the validation split, scores both models on
+the test split with beam search, optionally scores every checkpoint on the validation
+split, and optionally exports a TensorFlow SavedModel.
+
+Each of these is a phase ("training", "saved", "averaged", "tuned", "evaluated",
+"evaluated_averaged", "validation_curve", "exported"). `results.json` records the phases
+done, rewritten atomically after each, so the same call after a crash or a kill does
+only what is left, and training resumes from the backup of its last window. A larger
+`steps` trains on (every later phase runs again); `evaluate_only` scores a finished run
+again without training. With `scoring.py`, this module is the outer layer of the
+training package: it uses `inference` and `evaluation`, and neither imports it.
+
+Example, from your own script (a few minutes on a CPU):
+
+    from keras_transformer import TransformerConfig
+    from keras_transformer.training.data import synthetic_translation
+    from keras_transformer.training.run import RunOptions, run
+
+    splits = {"train": synthetic_translation(2000, seed=1),
+              "validation": synthetic_translation(50, seed=2),
+              "test": synthetic_translation(50, seed=3)}
+    config = TransformerConfig.tiny(vocab_size=320)  # sized to the learned vocabulary
+    options = RunOptions("runs/mine", steps=300, checkpoint_every=100, vocab_size=320,
+                         max_sentence_length=32, tokens_per_batch=1024)
+    results = run(splits, config, options)  # the same call again resumes, or reports
+    print(results["bleu"], results["phases"])
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Optional, Sequence, Union
+
+import keras
+
+from keras_transformer import backend, distribution, run_files, tokenizers
+from keras_transformer import validation as checks
+from keras_transformer.inference import Translator
+from keras_transformer.model import Transformer
+from keras_transformer.training import scoring
+from keras_transformer.training.averaging import average_checkpoints
+from keras_transformer.training.data import ParallelCorpus
+from keras_transformer.training.fit import fit_steps, list_checkpoints, optimizer_step
+from keras_transformer.training.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
+from keras_transformer.training.pipeline import make_dataset
+from keras_transformer.training.schedule import paper_adam
+from keras_transformer.training.vocabulary import learn_or_load_tokenizers
+
+PHASES = ("training", "saved", "averaged", "tuned", "evaluated", "evaluated_averaged",
+          "validation_curve", "exported")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+SPLITS = ("train", "validation", "test")
+# The figures of `scoring.evaluate_split` (and the averaged model's) in results.json.
+_TEST_FIGURES = ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "beam_size",
+                 "alpha", "test_sentences", "test_references", "sentences_per_second",
+                 "per_pair", "averaged")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How a run trains and is scored: everything but its data and its model.
+
+    Each field is the recipe option of the same name (`steps` is `--steps`).
+
+    Args:
+        run_dir: Folder of the run (checkpoints, logs, tokenizer, models, results.json).
+        steps: Optimizer steps in all, counting those of a run resumed; or
+        epochs: Passes over the training data, converted to steps (give one of the two).
+        checkpoint_every: Steps between checkpoints and backups (a Keras "epoch").
+        keep_checkpoints: Newest checkpoints kept and averaged (§6.1: 5 base, 20 big).
+        name: Name of the run in results.json ("recipe") and in messages.
+        precision: Keras dtype policy for training: float32, mixed_float16 or
+            mixed_bfloat16.
+        seed: Random seed of Keras and of the pipeline's shuffling.
+        verbose: `model.fit` verbosity (0, 1 or 2); 0 also hides the test progress.
+        distribute, model_parallel: Several devices: "data" or "model" parallel
+            (`keras_transformer.distribution.setup`), or "none".
+        tokenizer: "sentencepiece" (BPE) or "wordpiece".
+        vocab_size: Subword vocabulary size (per language with separate vocabularies).
+        separate_vocabularies: One vocabulary per language instead of a shared one.
+        max_sentence_length: Longest training source / target in tokens; longer pairs
+            are dropped.
+        tokens_per_batch: Token budget per batch and side, padding included.
+        bucket_width: Length step of the batching buckets.
+        lr_scale: Constant factor on the eq. (3) learning rate.
+        cooldown_steps: Steps at the end of the run over which the rate falls linearly
+            towards 0, or a share of the run such as "40%" (not in the paper; 0: none).
+        beam_size, alpha: Beam search of the scoring (§6.1).
+        tune_alpha: Length penalties to try on the validation split; the best replaces
+            `alpha` (None: use `alpha`).
+        eval_limit: Score only the first N distinct sources of each split.
+        bleu_force: sacreBLEU's `force`, for text that looks tokenized.
+        validation_curve: Keep every checkpoint and score each on the validation split.
+        evaluate_only: Train nothing; score the run's saved models on the test split.
+        export_dir: Export `model.keras` as a SavedModel to EXPORT_DIR/VERSION/.
+    """
+
+    run_dir: str
+    steps: Optional[int] = None
+    epochs: Optional[float] = None
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 5
+    name: str = "run"
+    precision: str = "float32"
+    seed: int = 0
+    verbose: int = 1
+    distribute: str = "none"
+    model_parallel: int = 2
+    tokenizer: str = "sentencepiece"
+    vocab_size: int = 8000
+    separate_vocabularies: bool = False
+    max_sentence_length: int = 128
+    tokens_per_batch: int = 4096
+    bucket_width: int = 8
+    lr_scale: float = 1.0
+    cooldown_steps: Union[int, str] = 0
+    beam_size: int = 4
+    alpha: float = 0.6
+    tune_alpha: Optional[Sequence[float]] = None
+    eval_limit: Optional[int] = None
+    bleu_force: bool = False
+    validation_curve: bool = False
+    evaluate_only: bool = False
+    export_dir: Optional[str] = None
+
+    def __post_init__(self):
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError(f"Give steps or epochs, one of the two: got steps={self.steps} "
+                             f"and epochs={self.epochs}.")
+        for name in ("checkpoint_every", "keep_checkpoints", "model_parallel", "vocab_size",
+                     "max_sentence_length", "tokens_per_batch", "bucket_width", "beam_size"):
+            checks.check_positive_int(name, getattr(self, name))
+        for name in ("steps", "eval_limit"):
+            if getattr(self, name) is not None:
+                checks.check_positive_int(name, getattr(self, name))
+        if self.epochs is not None:
+            checks.check_positive_number("epochs", self.epochs)
+        checks.check_choice("precision", self.precision, PRECISIONS)
+        checks.check_choice("distribute", self.distribute, distribution.KINDS)
+        checks.check_choice("tokenizer", self.tokenizer, tokenizers.KINDS)
+        checks.check_choice("verbose", self.verbose, (0, 1, 2))
+        if self.tokens_per_batch < self.max_sentence_length:
+            raise ValueError(f"tokens_per_batch={self.tokens_per_batch} is below "
+                             f"max_sentence_length={self.max_sentence_length}: a batch must "
+                             "hold the longest sentence.")
+        cooldown_steps(self.cooldown_steps, 0)  # its form; its length is checked in `run`
+        if self.tune_alpha is not None:
+            alphas = tuple(self.tune_alpha)
+            if not alphas:
+                raise ValueError("tune_alpha is empty: give length penalties, or None.")
+            for alpha in alphas:
+                checks.check_non_negative_number("tune_alpha", alpha)
+            object.__setattr__(self, "tune_alpha", alphas)  # frozen
+
+
+def cooldown_steps(value, steps):
+    """The steps of a cooldown given as `value`: an int >= 0 of steps, or a str such
+    as "40%" of the run's `steps`."""
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            percent = float(value[:-1])
+        except ValueError:
+            percent = -1.0
+        if 0 <= percent <= 100:
+            return int(round(percent / 100 * steps))
+    elif not isinstance(value, str):
+        return checks.check_non_negative_int("cooldown_steps", value)
+    raise ValueError(f"cooldown_steps={value!r} must be steps (an integer >= 0) or a "
+                     "percentage of the run such as '40%'.")
+
+
+def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0):
+    """The paper's training setup: Adam(0.9, 0.98, 1e-9) on the eq. (3) schedule (×
+    `lr_scale`, with an optional linear cooldown over the last `cooldown` of
+    `total_steps`), label smoothing ε_ls (§5.4) and masked token accuracy."""
+    model.compile(
+        optimizer=paper_adam(config.d_model, config.warmup_steps, lr_scale, total_steps,
+                             cooldown),
+        loss=LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
+        metrics=[MaskedTokenAccuracy(pad_id=config.pad_id)],
+    )
+
+
+class _Record:
+    """results.json: a run's figures and the phases done, written atomically after each
+    phase. A run that is new, or trains further than the record, starts a new one."""
+
+    def __init__(self, path, total_steps):
+        results = run_files.read_json(path, default={})
+        if results.get("steps", 0) < total_steps:
+            results = {}
+        self.path, self.results = path, results
+        self.phases = results.setdefault("phases", [])
+        self.done_before = list(self.phases)
+        if self.phases:
+            print(f"Resuming a run whose phases {', '.join(self.phases)} are done")
+
+    def __contains__(self, phase):
+        return phase in self.phases
+
+    def finish(self, phase, **figures):
+        self.results.update(figures)
+        if phase not in self.phases:
+            self.phases.append(phase)
+        run_files.write_json(self.path, self.results)
+
+    def forget(self, phase):
+        if phase in self.phases:
+            self.phases.remove(phase)
+
+
+def run(splits, config, options):
+    """Trains, saves and scores a model, doing only what `results.json` does not
+    record as done.
+
+    Args:
+        splits: Maps "train" (required), "validation" and "test" to `ParallelCorpus`
+            objects. Without validation pairs, training reports no validation loss and
+            `tune_alpha` and `validation_curve` are refused; without test pairs,
+            nothing is scored.
+        config: The model's `TransformerConfig`. Its vocabulary sizes are set to the
+            learned tokenizers': `vocab_size` (and, with `separate_vocabularies`,
+            `target_vocab_size` with untied embeddings); the rest is kept.
+        options: `RunOptions`.
+
+    Returns:
+        The content of results.json: "phases" done, "steps", "train_seconds",
+        "parameters", the test figures of `scoring.evaluate_split` (the averaged
+        model's under "averaged"), "alpha_tuning", "validation_curve", "saved_model".
+
+    Raises:
+        ValueError: A bad split, a config that does not fit the options, or a run
+            directory trained with another vocabulary layout or model.
+        FileNotFoundError: `evaluate_only` without a finished run.
+        keras_transformer.training.fit.NonFiniteLossError: The loss became NaN or
+            infinite; the run directory keeps its last finite state.
+    """
+    unknown = sorted(set(splits) - set(SPLITS))
+    if unknown or "train" not in splits:
+        raise ValueError(f"splits maps {', '.join(SPLITS)} to ParallelCorpus objects "
+                         f"(train required), got {sorted(splits)}.")
+    keras.utils.set_random_seed(options.seed)
+    keras.config.set_dtype_policy(options.precision)
+    os.makedirs(options.run_dir, exist_ok=True)
+    print(f"Run {options.name}: backend {keras.backend.backend()}, precision "
+          f"{options.precision}, run directory {options.run_dir}")
+    # A resumed run (or the same command again) reads its compiled steps back.
+    backend.use_compilation_cache(run_files.path(options.run_dir, run_files.COMPILATION_CACHE))
+    train, validation, test = (splits.get(name) or ParallelCorpus([], []) for name in SPLITS)
+    print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
+          f"{len(test.sources)} test")
+    if options.evaluate_only:
+        return _evaluate_again(options, test)
+
+    distributed = distribution.setup(options.distribute, options.model_parallel)
+    if distributed.kind != "none":
+        print(f"Devices: {distributed.description}")
+    source_tokenizer, target_tokenizer = learn_or_load_tokenizers(
+        options.run_dir, train, options.vocab_size, options.tokenizer,
+        options.separate_vocabularies)
+    sizes = {"vocab_size": source_tokenizer.vocab_size, "target_vocab_size": None}
+    if options.separate_vocabularies:
+        sizes.update(target_vocab_size=target_tokenizer.vocab_size, share_embeddings=False)
+    config = dataclasses.replace(config, **sizes)
+    # The pipeline's limit counts EOS (and BOS), so no training input is longer.
+    if config.max_length < options.max_sentence_length:
+        raise ValueError(
+            f"The model's max_length={config.max_length} is below max_sentence_length="
+            f"{options.max_sentence_length}: raise max_length or lower max_sentence_length.")
+    # Every id is checked against the model's vocabulary, split by split.
+    dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
+                        max_sentence_length=options.max_sentence_length,
+                        tokens_per_batch=options.tokens_per_batch,
+                        bucket_width=options.bucket_width,
+                        batch_multiple=distributed.batch_multiple,
+                        source_vocab_size=config.vocab_size,
+                        target_vocab_size=config.resolved_target_vocab_size)
+    train_dataset, train_stats = make_dataset(
+        train.sources, train.targets, repeat=True, seed=options.seed,
+        name=f"{options.name} train split", **dataset_args)
+    validation_dataset = None
+    if validation.sources:
+        validation_dataset, _ = make_dataset(
+            validation.sources, validation.targets, shuffle=False, verbose=False,
+            name=f"{options.name} validation split", **dataset_args)
+    total_steps = options.steps
+    if total_steps is None:
+        batches = train_stats.batches_per_pass
+        total_steps = max(1, int(round(options.epochs * batches)))
+        print(f"Steps: {options.epochs} epochs x {batches} batches = {total_steps} steps")
+
+    record = _Record(run_files.path(options.run_dir, run_files.RESULTS), total_steps)
+    for directory in (options.run_dir, run_files.path(options.run_dir, run_files.CHECKPOINTS)):
+        run_files.remove_partials(directory)  # saves that a kill cut short
+    model = _train(record, config, options, total_steps, distributed, train_dataset,
+                   validation_dataset)
+    tokenizer_pair = (source_tokenizer, target_tokenizer)
+    model_path = run_files.path(options.run_dir, run_files.MODEL)
+    averaged_path = run_files.path(options.run_dir, run_files.AVERAGED_MODEL)
+    checkpoints = list_checkpoints(run_files.path(options.run_dir, run_files.CHECKPOINTS))
+    if "averaged" not in record and len(checkpoints) > 1:
+        last = checkpoints[-options.keep_checkpoints:]
+        average_checkpoints(last, averaged_path)
+        print(f"Averaged the last {len(last)} checkpoints into {averaged_path}")
+        record.finish("averaged")
+    if options.tune_alpha:
+        tuned = averaged_path if "averaged" in record else model_path
+        options = _tune_alpha(record, options, tuned, tokenizer_pair, validation)
+    if test.sources:
+        if "evaluated" not in record:
+            record.finish("evaluated", **_score_test(options, model, tokenizer_pair, test))
+        if "averaged" in record and "evaluated_averaged" not in record:
+            print(f"Evaluating the averaged model {averaged_path}:")
+            record.finish("evaluated_averaged", averaged=_score_test(
+                options, run_files.load_model(averaged_path), tokenizer_pair, test,
+                "test_hypotheses_averaged"))
+    if options.validation_curve and "validation_curve" not in record:
+        if not validation.sources:
+            raise ValueError("validation_curve needs validation pairs, and the split is empty.")
+        record.finish("validation_curve", validation_curve=scoring.validation_curve(
+            options.run_dir, validation, *tokenizer_pair, beam_size=options.beam_size,
+            alpha=options.alpha, limit=options.eval_limit))
+    if options.export_dir and "exported" not in record:
+        from keras_transformer.inference import export
+
+        # The run's model, as `keras-transformer export RUN_DIR` would pick it.
+        record.finish("exported", saved_model=export.export_saved_model(
+            options.run_dir, options.export_dir, beam_size=options.beam_size,
+            alpha=options.alpha))
+    if record.phases == record.done_before:
+        print(f"Nothing left to do: {record.path} records every phase. Score the run again "
+              "with evaluate_only, or train on with a larger steps.")
+    return record.results
+
+
+def _train(record, config, options, total_steps, distributed, train_dataset,
+           validation_dataset):
+    """The phases "training" and "saved": the trained model, trained now (resuming from
+    the backup of the last window) or read back from `model.keras`."""
+    model_path = run_files.path(options.run_dir, run_files.MODEL)
+    if "saved" in record:
+        print(f"Model: {model_path}, trained {record.results['steps']} steps")
+        return run_files.load_model(model_path)
+    # fit_steps trains whole windows: the cooldown ends with the last one.
+    every = min(options.checkpoint_every, total_steps)
+    trained_steps = -(-total_steps // every) * every
+    cooldown = cooldown_steps(options.cooldown_steps, trained_steps)
+    if cooldown > trained_steps:
+        raise ValueError(f"cooldown_steps={options.cooldown_steps} is more than the "
+                         f"{trained_steps} steps of the run.")
+    with distributed.scope():
+        model = Transformer(config)
+        compile_model(model, config, options.lr_scale, trained_steps, cooldown)
+    print(f"Model: {model.count_params():,} parameters, "
+          f"{json.dumps(dataclasses.asdict(config))}")
+    start = time.time()
+    # Resumes from the backup: after a kill, or with nothing left to train when only
+    # the final save was missing.
+    history = fit_steps(model, train_dataset, options.run_dir, total_steps,
+                        checkpoint_every=every, validation_dataset=validation_dataset,
+                        keep_checkpoints=None if options.validation_curve
+                        else options.keep_checkpoints, verbose=options.verbose)
+    steps = optimizer_step(model)
+    if "training" not in record:
+        seconds = time.time() - start
+        now = len(history.epoch) * every
+        print(f"Trained {steps} steps in {seconds:.0f} s" if now == steps else
+              f"Trained to step {steps} ({now} steps in this run) in {seconds:.0f} s")
+        record.finish("training", recipe=options.name, backend=keras.backend.backend(),
+                      steps=steps, train_seconds=round(seconds, 1),
+                      parameters=model.count_params())
+    run_files.save_model(model, model_path)
+    print(f"Saved {model_path} (tokenizer beside it)")
+    record.finish("saved")
+    return model
+
+
+def _tune_alpha(record, options, model_path, tokenizer_pair, validation):
+    """The phase "tuned": the options with the α of highest validation BLEU. Test
+    scores of another α are forgotten, so a finished run given `tune_alpha`
+    afterwards scores the test split again."""
+    tuning = record.results.get("alpha_tuning") or {}
+    if ("tuned" not in record
+            or set(tuning.get("bleu_lowercase", ())) != {str(a) for a in options.tune_alpha}):
+        if not validation.sources:
+            raise ValueError("tune_alpha needs validation pairs, and the split is empty.")
+        print(f"Tuning alpha with {model_path}:")
+        translator = Translator(run_files.load_model(model_path), tokenizer_pair[0],
+                                target_tokenizer=tokenizer_pair[1])
+        tuned = scoring.tune_alpha(translator, validation, options.tune_alpha,
+                                   beam_size=options.beam_size, limit=options.eval_limit)
+        record.finish("tuned", alpha_tuning={"alpha": tuned["alpha"], "model": model_path,
+                                             "bleu_lowercase": tuned["bleu_lowercase"]})
+    options = dataclasses.replace(options, alpha=record.results["alpha_tuning"]["alpha"])
+    for phase, figures in (("evaluated", record.results),
+                           ("evaluated_averaged", record.results.get("averaged", {}))):
+        if phase in record and figures.get("alpha") != options.alpha:
+            record.forget(phase)
+    return options
+
+
+def _score_test(options, model, tokenizer_pair, test, name="test_hypotheses"):
+    """`scoring.evaluate_split` of the test split, hypotheses in RUN_DIR/NAME.txt."""
+    translator = Translator(model, tokenizer_pair[0], target_tokenizer=tokenizer_pair[1])
+    return scoring.evaluate_split(
+        translator, test, beam_size=options.beam_size, alpha=options.alpha,
+        limit=options.eval_limit, verbose=1 if options.verbose else 0,
+        hypotheses_path=os.path.join(options.run_dir, name + ".txt"),
+        bleu_force=options.bleu_force)
+
+
+def _evaluate_again(options, test):
+    """`evaluate_only`: scores the saved model(s) of a finished run on the test split
+    again and replaces the test figures of its results.json."""
+    if not test.sources:
+        raise ValueError("evaluate_only needs test pairs, and the split is empty.")
+    try:
+        model, source_tokenizer, target_tokenizer = run_files.load_translation_model(
+            options.run_dir)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(
+            f"evaluate_only needs a finished run in {options.run_dir!r}: {error} Train it "
+            "first, without evaluate_only.") from None
+    tokenizer_pair = (source_tokenizer, target_tokenizer)
+    path = run_files.path(options.run_dir, run_files.RESULTS)
+    results = run_files.read_json(path, default={"recipe": options.name})
+    for key in _TEST_FIGURES:
+        results.pop(key, None)
+    results.update(_score_test(options, model, tokenizer_pair, test))
+    averaged_path = run_files.path(options.run_dir, run_files.AVERAGED_MODEL)
+    if os.path.exists(averaged_path):
+        print(f"Evaluating the averaged model {averaged_path}:")
+        results["averaged"] = _score_test(options, run_files.load_model(averaged_path),
+                                          tokenizer_pair, test, "test_hypotheses_averaged")
+    run_files.write_json(path, results)
+    return results

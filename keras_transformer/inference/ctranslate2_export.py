@@ -129,6 +129,7 @@ def convert_model(model, source_tokenizer, target_tokenizer, output_dir, quantiz
 
     # An empty folder at output_dir (checked above) is replaced by the rename.
     with run_files.atomic_path(output_dir) as partial:
+        os.makedirs(partial)
         spec.save(partial)
         with open(os.path.join(partial, SETTINGS_FILE), "w") as f:
             json.dump(settings, f, indent=2)

@@ -73,6 +73,55 @@ def test_python_code_is_labelled_python(page):
     assert not hidden, f"{page}: label these blocks ```python so that they run: {hidden}"
 
 
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
+
+
+def anchor(heading):
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped,
+    spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path):
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    fenced = {line for _, start, code in code_blocks(text)
+              for line in range(start, start + code.count("\n"))}
+    return {anchor(match.group(1)) for number, line in enumerate(text.splitlines(), 1)
+            if number not in fenced and (match := _HEADING.match(line))}
+
+
+def test_anchors_follow_github():
+    assert anchor("Training on a CPU") == "training-on-a-cpu"
+    assert anchor("GPU: `model.fit` in mixed precision (gpu_all.sh)") == \
+        "gpu-modelfit-in-mixed-precision-gpu_allsh"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_lead_somewhere(page):
+    """Every link to a file of the repository names a file that exists, and every
+    #anchor in a Markdown file names one of its headings."""
+    text = _read(page)
+    fenced = {line for _, start, code in code_blocks(text)
+              for line in range(start, start + code.count("\n"))}
+    broken = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if number in fenced:
+            continue
+        for target in _LINK.findall(line):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, fragment = target.partition("#")
+            path = os.path.normpath(os.path.join(REPOSITORY, os.path.dirname(page), path)
+                                    if path else os.path.join(REPOSITORY, page))
+            if not os.path.exists(path):
+                broken.append(f"line {number}: {target} (no such file)")
+            elif fragment and path.endswith(".md") and fragment not in _anchors(path):
+                broken.append(f"line {number}: {target} (no such heading)")
+    assert not broken, f"{page}: " + "; ".join(broken)
+
+
 @pytest.mark.parametrize("page", PAGES_WITH_CODE)
 def test_python_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -5,17 +5,16 @@
         head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
 Eq. (1) goes through `keras.ops.dot_product_attention`, which dispatches to fused
-kernels (cuDNN's flash attention on GPU under JAX and torch, checked on an H200 in
-benchmarks/RESULTS.md; `scaled_dot_product_attention` in torch; Keras's TensorFlow
-backend has no fused kernel), unless the caller asks for the attention weights or
-attention dropout is active; then the explicit softmax path beside it runs
-instead.
+kernels (cuDNN's flash attention on GPU under JAX and torch;
+`scaled_dot_product_attention` in torch; Keras's TensorFlow backend has no fused
+kernel), unless the caller asks for the attention weights or attention dropout is
+active; then the explicit softmax path beside it runs instead.
 
 The layer also carries the key/value cache used for incremental decoding: a
 pair of fixed-size key and value tensors updated in place at an index, so the
 decoding loop compiles under `jax.jit` and `tf.function`. One query against a
 cache (the decoding step) takes a third path that reads the cache without
-transposing it.
+transposing it (`keras_transformer.layers.attention_step`).
 """
 
 import functools
@@ -25,10 +24,11 @@ import keras
 from keras import ops
 
 from keras_transformer import backend, validation
-
-# Added to the float32 logits of masked positions on the explicit path. Any value
-# far below real logits works; this one stays finite in float32.
-_MASKED_LOGIT = -1e9
+from keras_transformer.layers.attention_step import (
+    MASKED_LOGIT,
+    project,
+    single_query_attention,
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -190,11 +190,11 @@ class MultiHeadAttention(keras.layers.Layer):
         """An empty self-attention cache with room for `length` positions.
 
         The heads lie side by side in the last axis, the layout in which the
-        decoding step reads them (`_single_query_attention`). Kept as
-        (batch, length, heads, width), the step's write into the cache and
-        its read through a reshape became two fusions under XLA, each with a
-        private copy of the whole cache: four copies per step, which made a
-        step's cost grow with the cache (benchmarks/decoding.py).
+        decoding step reads them (`attention_step.single_query_attention`).
+        Kept as (batch, length, heads, width), the step's write into the
+        cache and its read through a reshape would become two fusions under
+        XLA, each with a private copy of the whole cache, and a step's cost
+        would grow with the cache.
 
         Returns:
             `(keys, values)`: (batch_size, length, num_heads * key_dim) and
@@ -250,12 +250,12 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
 
         step = cache is not None and not training
-        q = self._project(self.query_dense, query, step)
+        q = project(self.query_dense, query, step)
         if cache is not None and cache_update_index is None:
             k, v = cache
         else:
-            k = self._project(self.key_dense, key, step)
-            v = self._project(self.value_dense, value, step)
+            k = project(self.key_dense, key, step)
+            v = project(self.value_dense, value, step)
             if cache is not None:
                 # Keys and values are two tensors, so d_k and d_v may differ,
                 # and a loop that carries them updates each one in place.
@@ -281,53 +281,20 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"cross-attention cache's ({k.shape[0]}): a cache row is shared by "
                     "a whole group of consecutive query rows (Transformer.initial_cache's "
                     "beam_size).")
-            attention_output, scores = self._single_query_attention(q, k, v, mask, shared)
+            attention_output, scores = single_query_attention(
+                q, k, v, mask, self._num_heads, self._key_dim, self._value_dim, shared)
         else:
             if cache is not None:
                 k, v = self._split_heads(k), self._split_heads(v)
             attention_output, scores = self._compute_attention(
                 q, k, v, mask, return_attention_scores, training
             )
-        outputs = [self._project(self.output_dense, attention_output, step)]
+        outputs = [project(self.output_dense, attention_output, step)]
         if cache is not None:
             outputs.append(cache)
         if return_attention_scores:
             outputs.append(scores)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-    @staticmethod
-    def _project(dense, inputs, step):
-        """`dense(inputs)`, one of the four projections (`EinsumDense`).
-
-        In a decoding `step` under torch, a plain layer (not quantized, no
-        LoRA) runs as one `matmul` against its kernel seen as a matrix:
-        torch runs the layer's einsum as permutes around a batched product,
-        which took 1.4x as long per call as the matmul in a traced step, and
-        a greedy step 1.07x as long (benchmarks/RESULTS.md, "torch's
-        projections in the decoding step"). The layer stays a Keras
-        `EinsumDense`, so `quantize` and LoRA still apply to it.
-
-        Args:
-            dense: `query_dense`, `key_dense` or `value_dense`, taking
-                (batch, T, d) to (batch, T, num_heads, width), or
-                `output_dense`, taking (batch, T, num_heads, width) to
-                (batch, T, d_out).
-            inputs: Its input.
-            step: Whether this is a cached decoding step (no training).
-        """
-        if not step or keras.backend.backend() != "torch" or dense.lora_enabled \
-                or dense.quantization_mode is not None:
-            return dense(inputs)
-        kernel = dense.kernel
-        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
-        if len(inputs.shape) == 4:  # output_dense, its kernel (n, h, d)
-            outputs = ops.matmul(ops.reshape(inputs, (batch, length, -1)),
-                                 ops.reshape(kernel, (-1, kernel.shape[-1])))
-        else:  # query, key, value: kernel (d, n, h)
-            outputs = ops.reshape(
-                ops.matmul(inputs, ops.reshape(kernel, (kernel.shape[0], -1))),
-                (batch, length, *kernel.shape[1:]))
-        return outputs if dense.bias is None else outputs + dense.bias
 
     def _merge_masks(
         self, q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
@@ -396,75 +363,11 @@ class MultiHeadAttention(keras.layers.Layer):
         query = ops.multiply(query, ops.cast(scale, query.dtype))
         logits = ops.cast(ops.einsum("btnh,bsnh->bnts", query, key), "float32")
         if mask is not None:
-            logits = ops.where(mask, logits, _MASKED_LOGIT)
+            logits = ops.where(mask, logits, MASKED_LOGIT)
         weights = ops.softmax(logits, axis=-1)
         dropped = self.attention_dropout(weights, training=training)
         output = ops.einsum("bnts,bsnh->btnh", ops.cast(dropped, value.dtype), value)
         return output, weights
-
-    def _single_query_attention(self, query, key, value, mask, shared=False):
-        """Eq. (1) for one query position against a cache: the decoding step.
-
-        The general path's einsums put the heads outside before multiplying,
-        which copies all S cached keys and values into that order at every
-        step: the per-token cost grew with the cache (benchmarks/decoding.py).
-        Here keys and values are read in their (batch, S, heads·width) layout,
-        without transposes. The logits are one batched matrix product against
-        a block-diagonal operand: the query spread so that column n holds
-        head n's query in head n's rows (`heads` times the multiply-adds of
-        the matrix-vector products, on data read once). The output is each
-        head's weighted sum of its values, a product and a sum over S that
-        XLA fuses into one pass over the cache; as a matrix product against
-        the block-diagonal weights, a step took 1.05-1.10x as long (JAX;
-        benchmarks/RESULTS.md, "The decoding step's attention").
-
-        With `shared`, a cache row serves the group of consecutive query rows
-        that reads it, and its logits are one product for the whole group.
-
-        Args:
-            query: (batch, 1, num_heads, key_dim).
-            key: (batch, S, num_heads * key_dim), the cache's layout.
-            value: (batch, S, num_heads * value_dim).
-            mask: (batch or 1, 1, 1, S) bool, True where attention is allowed.
-            shared: Whether the cache's batch may divide the query's (then
-                `batch` above is the cache's, and the query has a multiple).
-
-        Returns:
-            (query batch, 1, num_heads, value_dim) outputs and the (query
-            batch, num_heads, 1, S) float32 attention weights.
-        """
-        rows, length = ops.shape(key)[0], ops.shape(key)[1]
-        heads, key_dim, value_dim = self._num_heads, self._key_dim, self._value_dim
-        dtype = key.dtype
-        query = ops.cast(query, dtype) * ops.cast(1.0 / math.sqrt(key_dim), dtype)
-        if shared:  # (rows, heads, key_dim, groups): the queries of each cache row
-            query = ops.transpose(ops.reshape(query, (rows, -1, heads, key_dim)), (0, 2, 3, 1))
-        else:
-            query = query[:, 0, :, :, None]
-        blocks = ops.eye(heads, dtype=dtype)
-        # (rows, heads·key_dim, groups·heads): query g of head n in rows
-        # n·key_dim + h of column g·heads + n, zeros elsewhere.
-        spread = ops.reshape(query[..., None] * blocks[None, :, None, None, :],
-                             (rows, heads * key_dim, -1))
-        logits = ops.cast(ops.matmul(key, spread), "float32")  # (rows, S, groups·heads)
-        if mask is not None:
-            logits = ops.where(mask[:, 0, 0, :, None], logits, _MASKED_LOGIT)
-        weights = ops.softmax(logits, axis=1)
-        # Summed in float32, as a matrix product accumulates in mixed precision.
-        values = ops.cast(value, "float32")
-        if shared:
-            weights = ops.reshape(weights, (rows, length, -1, heads))
-            values = ops.reshape(values, (rows, length, 1, heads, value_dim))
-            output = ops.sum(values * weights[..., None], axis=1)  # (rows, groups, heads, d_v)
-            weights = ops.transpose(weights, (0, 2, 3, 1))  # (rows, groups, heads, S)
-        else:
-            # Without the groups axis: XLA's fusion of the 5-axis sum took
-            # about 9x as long as this one for the self-attention cache.
-            values = ops.reshape(values, (rows, length, heads, value_dim))
-            output = ops.sum(values * weights[..., None], axis=1)  # (rows, heads, d_v)
-            weights = ops.transpose(weights, (0, 2, 1))  # (rows, heads, S)
-        return (ops.reshape(ops.cast(output, value.dtype), (-1, 1, heads, value_dim)),
-                ops.reshape(weights, (-1, heads, 1, length)))
 
     def get_config(self):
         config = super().get_config()

@@ -9,10 +9,9 @@ key/value cache for decoding. Calling the model does both.
 """
 
 import keras
-import numpy as np
 from keras import ops
 
-from keras_transformer import backend
+from keras_transformer import backend, id_checks
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
 from keras_transformer.layers.embedding import (
@@ -214,9 +213,8 @@ class Transformer(keras.Model):
         * "reverse_kernel", under JAX and TensorFlow with the output
           projection tied to the target embeddings: that projection's
           (d_model, target vocab) matrix, `TokenEmbedding.reverse_kernel()`,
-          made here once for every step to read (XLA multiplied a step's few
-          rows by it in about half the time:
-          `keras_transformer.backend.copy_reverse_kernel`).
+          made here once for every step to read
+          (`keras_transformer.backend.copy_reverse_kernel` says why).
 
         With `beam_size` k > 1 (beam search), the self-attention caches have
         batch * k rows, the hypotheses of sentence b at rows b * k ... b * k +
@@ -268,7 +266,7 @@ class Transformer(keras.Model):
         """The cache with room for `max_length` positions (§6.1).
 
         The decoding loops start with a small self-attention cache and grow it
-        as the hypotheses do (`keras_transformer.inference.search.cache_phases`),
+        as the hypotheses do (`keras_transformer.inference.step.cache_phases`),
         since a step's cost follows the cache's size.
 
         Args:
@@ -374,8 +372,8 @@ class Transformer(keras.Model):
         """`keras.Model.compile`, with XLA also for TensorFlow on a CPU.
 
         With `jit_compile="auto"`, XLA is on wherever Keras would turn it on,
-        and also for TensorFlow on a CPU, where it measured faster for this
-        model (`keras_transformer.backend.use_xla_for_training`). Pass
+        and also for TensorFlow on a CPU, where it is faster for this model
+        (`keras_transformer.backend.use_xla_for_training`). Pass
         `jit_compile=False` (or True) to choose.
         """
         if jit_compile == "auto" and backend.use_xla_for_training(self):
@@ -385,57 +383,36 @@ class Transformer(keras.Model):
     def fit(self, x=None, y=None, *args, validation_data=None, **kwargs):
         """`keras.Model.fit`, with every id checked where it enters.
 
-        Inside a compiled step an id outside the vocabulary cannot raise: JAX
-        reads a NaN row (or, for -1, the last one) and XLA clamps it, so a
+        Inside a compiled step an id outside the vocabulary cannot raise, so a
         corpus tokenized with another vocabulary would train silently on
-        garbage. The ids are therefore checked before the step: NumPy inputs
-        and labels at once, and every batch of a `tf.data.Dataset` by a map
-        that stops `fit` with a `ValueError` naming the ids and the
-        vocabulary before that batch's update.
+        garbage. NumPy inputs and labels are checked at once, and every batch
+        of a `tf.data.Dataset` by a map that stops `fit` with a `ValueError`
+        naming the ids and the vocabulary before that batch's update
+        (`keras_transformer.id_checks`).
         """
-        x, y = self._checked_data(x, y)
+        sizes = self._vocab_sizes()
+        x, y = id_checks.checked_data(x, y, sizes)
         if validation_data is not None:
-            validation_data = self._checked_validation_data(validation_data)
-        with _id_errors_explained(), _variables_kept_on_error(self):
+            validation_data = id_checks.checked_validation_data(validation_data, sizes)
+        with id_checks.id_errors_explained(), id_checks.variables_kept_on_error(self):
             return super().fit(x, y, *args, validation_data=validation_data, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.evaluate`, with the ids checked as in `fit`."""
-        x, y = self._checked_data(x, y)
-        with _id_errors_explained(), _variables_kept_on_error(self):
+        x, y = id_checks.checked_data(x, y, self._vocab_sizes())
+        with id_checks.id_errors_explained(), id_checks.variables_kept_on_error(self):
             return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict`, with the ids checked as in `fit`."""
-        x, _ = self._checked_data(x, None)
-        with _id_errors_explained(), _variables_kept_on_error(self):
+        x, _ = id_checks.checked_data(x, None, self._vocab_sizes())
+        with id_checks.id_errors_explained(), id_checks.variables_kept_on_error(self):
             return super().predict(x, *args, **kwargs)
 
     def _vocab_sizes(self):
         c = self._config
         return {"source": c.vocab_size, "target": c.resolved_target_vocab_size,
                 "labels": c.resolved_target_vocab_size}
-
-    def _checked_data(self, x, y):
-        sizes = self._vocab_sizes()
-        if _is_tf_dataset(x):
-            return _checked_dataset(x, sizes), y
-        if isinstance(x, dict):
-            for key in ("source", "target"):
-                _check_numpy_ids(x.get(key), key, sizes[key])
-        elif isinstance(x, (list, tuple)) and len(x) == 2:
-            for key, ids in zip(("source", "target"), x):
-                _check_numpy_ids(ids, key, sizes[key])
-        _check_numpy_ids(y, "labels", sizes["labels"])
-        return x, y
-
-    def _checked_validation_data(self, data):
-        if _is_tf_dataset(data):
-            return _checked_dataset(data, self._vocab_sizes())
-        if isinstance(data, (list, tuple)) and len(data) >= 2:
-            x, y = self._checked_data(data[0], data[1])
-            return (x, y, *data[2:])
-        return data
 
     def __call__(self, inputs, *args, **kwargs):
         # Ids given as NumPy arrays are checked here, where their values are
@@ -444,11 +421,11 @@ class Transformer(keras.Model):
         if isinstance(inputs, dict):
             c = self._config
             for key, size in (("source", c.vocab_size), ("target", c.resolved_target_vocab_size)):
-                _check_numpy_ids(inputs.get(key), key, size)
+                id_checks.check_numpy_ids(inputs.get(key), key, size)
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):
-        source_ids, target_ids = _split_inputs(inputs)
+        source_ids, target_ids = id_checks.split_inputs(inputs)
         encoder_outputs, source_mask = self.encode(source_ids, training=training)
         return self.decode(target_ids, encoder_outputs, source_mask, training=training)
 
@@ -464,130 +441,3 @@ class Transformer(keras.Model):
     def from_config(cls, config):
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
-
-
-def _check_numpy_ids(ids, name, vocab_size):
-    if not isinstance(ids, np.ndarray) or not ids.size:
-        return
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"{name} ids must be integers, got dtype {ids.dtype}.")
-    if ids.min() < 0 or ids.max() >= vocab_size:
-        raise ValueError(
-            f"{name} holds ids from {ids.min()} to {ids.max()}, outside the vocabulary "
-            f"(0 <= id < {vocab_size}): tokenize with the model's tokenizer."
-        )
-
-
-# Marks the assertion of `_checked_dataset`, so that its TensorFlow error can be
-# told apart from any other and re-raised as a plain ValueError.
-_ID_CHECK = "keras_transformer id check:"
-
-
-def _is_tf_dataset(data):
-    # tf.data is only ever imported by the caller: no TensorFlow import here.
-    return any(cls.__module__.startswith("tensorflow") and cls.__name__ == "DatasetV2"
-               for cls in type(data).__mro__)
-
-
-def _checked_dataset(dataset, sizes):
-    """`dataset` with a check of every batch's ids against `sizes`
-    (source, target, labels); elements are `inputs` or `(inputs, labels[,
-    sample_weights])`, inputs a {"source", "target"} dict or a pair."""
-    import tensorflow as tf
-
-    def assertion(name, ids):
-        ids = tf.convert_to_tensor(ids)
-        if not ids.dtype.is_integer:
-            return None
-        smallest, largest = tf.reduce_min(ids), tf.reduce_max(ids)
-        in_range = tf.logical_or(tf.equal(tf.size(ids), 0), tf.logical_and(
-            smallest >= 0, largest < tf.cast(sizes[name], ids.dtype)))
-        return tf.debugging.Assert(in_range, [
-            f"{_ID_CHECK} {name} ids must lie in 0 <= id < {sizes[name]} (the vocabulary "
-            "of the model), but a batch holds ids from", smallest, "to", largest])
-
-    def check(*element):
-        inputs = element[0]
-        if isinstance(inputs, dict):
-            named = [(key, inputs[key]) for key in ("source", "target") if key in inputs]
-        elif isinstance(inputs, (list, tuple)) and len(inputs) == 2:
-            named = list(zip(("source", "target"), inputs))
-        else:
-            named = []
-        if len(element) > 1 and not isinstance(element[1], (dict, list, tuple)):
-            named.append(("labels", element[1]))
-        assertions = [a for a in (assertion(n, ids) for n, ids in named) if a is not None]
-        with tf.control_dependencies(assertions):
-            checked = tf.nest.map_structure(tf.identity, element)
-        return checked if len(element) > 1 else checked[0]
-
-    return dataset.map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-class _id_errors_explained:
-    """Turns the TensorFlow error of a failed `_checked_dataset` assertion
-    into a ValueError with its message alone."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if error is None or _ID_CHECK not in str(error):
-            return False
-        message = str(error)
-        message = message[message.index(_ID_CHECK) + len(_ID_CHECK):].split("\n")[0]
-        message = message.replace("] [", " ").replace("[", "").replace("]", "").strip()
-        raise ValueError(
-            f"{message}. Tokenize the data with the model's tokenizer (its vocabulary "
-            "must not exceed the model's vocab_size)."
-        ) from None
-
-
-class _variables_kept_on_error:
-    """Under JAX, Keras empties the model's variables while `fit`, `evaluate`
-    or `predict` holds their values, and fills them again when it ends. An
-    error before the first step has finished (a bad first batch) leaves them
-    empty, and the model unusable. This keeps a reference to every value
-    (JAX arrays are immutable: no copy) and puts back any that is missing
-    after an error."""
-
-    def __init__(self, model):
-        self.model = model
-        self.values = []
-
-    def __enter__(self):
-        if keras.backend.backend() == "jax" and self.model.built:
-            optimizer = getattr(self.model, "optimizer", None)
-            variables = list(self.model.variables) + list(self.model.metrics_variables)
-            if optimizer is not None:
-                if not optimizer.built:  # as Keras would, before it empties them
-                    optimizer.build(self.model.trainable_variables)
-                variables += list(optimizer.variables)
-            self.values = [(v, v._value) for v in variables]
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if error is not None:
-            for variable, value in self.values:
-                if variable._value is None:
-                    variable._value = value
-        self.values = []
-        return False
-
-
-def _split_inputs(inputs):
-    if isinstance(inputs, dict):
-        missing = {"source", "target"} - set(inputs)
-        if missing:
-            raise ValueError(
-                f"Transformer inputs are missing {sorted(missing)}: pass "
-                '{"source": (batch, S) ids, "target": (batch, T) ids}; '
-                f"got keys {sorted(inputs)}."
-            )
-        return inputs["source"], inputs["target"]
-    if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
-        return inputs
-    raise ValueError(
-        'Transformer expects {"source": (batch, S) ids, "target": (batch, T) ids}, '
-        f"got {type(inputs).__name__}."
-    )

@@ -46,11 +46,7 @@ def test_dict_round_trip():
     assert TransformerConfig.from_dict(c.to_dict()) == c
 
 
-def test_unknown_dict_field_is_named():
-    with pytest.raises(ValueError, match="hidden_dim"):
-        TransformerConfig.from_dict({"vocab_size": 10, "hidden_dim": 3})
-
-
+# Invalid configurations: the error names the field, the value and the rule.
 @pytest.mark.parametrize("overrides, message", [
     (dict(d_model=500), "d_model=500 is not divisible by num_heads=8"),
     (dict(vocab_size=0), "vocab_size=0 must be a positive integer"),
@@ -62,8 +58,10 @@ def test_unknown_dict_field_is_named():
     (dict(dropout_rate=-0.1), "dropout_rate=-0.1"),
     (dict(attention_dropout_rate=2), "attention_dropout_rate=2"),
     (dict(label_smoothing=1.5), "label_smoothing=1.5"),
-    (dict(position_encoding="rotary"), "position_encoding='rotary' must be one of"),
-    (dict(norm_position="middle"), "norm_position='middle' must be one of"),
+    (dict(label_smoothing=1.0), r"label_smoothing=1.0 must be a number in \[0, 1\)"),
+    (dict(position_encoding="rotary"),
+     r"position_encoding='rotary' must be one of \('sinusoidal', 'learned'\)"),
+    (dict(norm_position="middle"), r"norm_position='middle' must be one of \('post', 'pre'\)"),
     (dict(pad_id=100),
      r"pad_id=100 must be an id inside both vocabularies \(0 <= pad_id < 37\)"),
     (dict(pad_id=-1), "pad_id=-1 must be a non-negative integer"),
@@ -183,23 +181,7 @@ def test_table3_variants_name_the_variant_that_does_not_fit():
         table3_variants(base, ["base", "heads3"])
 
 
-# Invalid configurations: the error names the field, the value and the rule.
-@pytest.mark.parametrize("overrides, message", [
-    (dict(vocab_size=0), "vocab_size=0 must be a positive integer"),
-    (dict(vocab_size=40, d_model=30, num_heads=4), "not divisible by num_heads"),
-    (dict(vocab_size=40, dropout_rate=1.5), "dropout_rate=1.5 must be a number in [0, 1)"),
-    (dict(vocab_size=40, label_smoothing=1.0), "label_smoothing=1.0"),
-    (dict(vocab_size=40, position_encoding="rope"), "must be one of ('sinusoidal', 'learned')"),
-    (dict(vocab_size=40, norm_position="middle"), "must be one of ('post', 'pre')"),
-    (dict(vocab_size=40, num_layers=-2), "num_layers=-2"),
-    (dict(vocab_size=40, max_length=0), "max_length=0"),
-])
-def test_invalid_configs_say_which_field_is_wrong(overrides, message):
-    with pytest.raises(ValueError) as error:
-        TransformerConfig.tiny(**overrides)
-    assert message in str(error.value)
-
-
 def test_unknown_config_fields_are_listed_with_the_known_ones():
-    with pytest.raises(ValueError, match=r"Unknown TransformerConfig fields \['heads'\]"):
+    with pytest.raises(ValueError, match=r"Unknown TransformerConfig fields \['heads'\]; "
+                                         r"known fields are \[.*'num_heads'"):
         TransformerConfig.from_dict({"vocab_size": 10, "heads": 3})

@@ -1,5 +1,5 @@
-"""Multi30k task 1 (En-De image captions): the standard small translation benchmark,
-trainable on a CPU.
+"""Multi30k task 1 (En-De image captions), §5 training and §6.1 results on the standard
+small translation benchmark, trainable on a CPU.
 
 Reads train / val / test_2016_flickr from `--data-dir` (plain or gzipped files, one
 sentence per line); without it, downloads the six files of the dataset's GitHub

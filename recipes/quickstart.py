@@ -1,5 +1,5 @@
-"""Quickstart: the main job. Trains a small Transformer with `model.fit` on the
-embedded synthetic translation task, in a few minutes on a 2-core CPU.
+"""Quickstart (§5 training, §6.1 results): the main job. Trains a small Transformer with
+`model.fit` on the embedded synthetic translation task, in a few minutes on a 2-core CPU.
 
 The task (`keras_transformer.training.data.synthetic_translation`) is a made-up
 language pair: 132 source words, a one-to-one dictionary, and a target word order

@@ -9,6 +9,7 @@ from helpers import CharTokenizer, tiny_model
 
 from keras_transformer import plots
 from keras_transformer.inference import Translator
+from keras_transformer.plots import canvas
 
 TOKENIZER = CharTokenizer()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -21,6 +22,19 @@ def png_size(path):
     assert data[12:16] == b"IHDR"
     assert len(data) > 10_000, f"{path} is only {len(data)} bytes"
     return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plotting functions save, in order, kept for inspection."""
+    figures, save = [], canvas.save
+
+    def keep(figure, path):
+        figures.append(figure)
+        return save(figure, path)
+
+    monkeypatch.setattr(canvas, "save", keep)
+    return figures
 
 
 def ids(text, eos=True):
@@ -73,11 +87,25 @@ def test_position_encoding_figure(tmp_path):
     assert path == str(tmp_path / "pe.png") and width > height
 
 
-def test_learning_rate_figure_compares_schedules(tmp_path):
+def test_learning_rate_figure_draws_eq_3_for_each_schedule(tmp_path, drawn):
     path = plots.plot_learning_rate(tmp_path / "lr.png", d_model=[512, 256],
                                     warmup_steps=4000, num_steps=10000)
     png_size(tmp_path / "lr.png")
     assert path == str(tmp_path / "lr.png")
+    [axes] = drawn[0].axes
+    curves = [line for line in axes.lines if len(line.get_xdata()) > 1]
+    peaks = [line for line in axes.lines if len(line.get_xdata()) == 1]
+    step = np.arange(1, 10001)
+    for line, d_model in zip(curves, (512, 256)):
+        assert f"d_model={d_model}" in line.get_label()
+        np.testing.assert_array_equal(line.get_xdata(), step)
+        # eq. (3), written out here rather than taken from NoamSchedule.
+        expected = d_model ** -0.5 * np.minimum(step ** -0.5, step * 4000 ** -1.5)
+        np.testing.assert_allclose(line.get_ydata(), expected, rtol=1e-5)
+    assert len(curves) == len(peaks) == 2
+    # Each curve's peak is marked at the end of its warmup.
+    assert [(peak.get_xdata()[0], peak.get_ydata()[0]) for peak in peaks] == [
+        pytest.approx((4000, d_model ** -0.5 * 4000 ** -0.5), rel=1e-5) for d_model in (512, 256)]
 
 
 def test_bad_plot_arguments_are_explained(tmp_path):
@@ -136,7 +164,17 @@ def test_validation_curves_from_recipe_runs(tmp_path):
         plots.plot_validation_curve(tmp_path / "x.png", {"x": str(tmp_path / "untimed.csv")})
 
 
-def test_variant_bars(tmp_path):
+def test_variant_bars_show_each_rows_bleu_and_perplexity(tmp_path, drawn):
     rows = [{"variant": "base", "dev_bleu": 30.0, "dev_perplexity": 6.0},
             {"variant": "heads1", "dev_bleu": 28.5, "dev_perplexity": 6.6}]
     png_size(plots.plot_variants(tmp_path / "variants.png", rows))
+    bleu_axes, perplexity_axes = drawn[0].axes
+    for axes, key in ((bleu_axes, "dev_bleu"), (perplexity_axes, "dev_perplexity")):
+        assert [bar.get_width() for bar in axes.patches] == [row[key] for row in rows]
+        # The base row's value is a dashed line across its chart.
+        [line] = axes.lines
+        assert list(line.get_xdata()) == [rows[0][key]] * 2 and line.get_linestyle() == "--"
+    assert [label.get_text() for label in bleu_axes.get_yticklabels()] == ["base", "heads1"]
+    # The first row is drawn at the top.
+    assert bleu_axes.patches[0].get_y() < bleu_axes.patches[1].get_y()
+    assert bleu_axes.yaxis_inverted()

@@ -1,4 +1,6 @@
-"""The `keras-transformer` command: translate, evaluate, plot, average, export and serve.
+"""The `keras-transformer` command (§6.1 decoding, the paper's figures, export, serving).
+
+Translate, evaluate, plot, average, export and serve:
 
     keras-transformer translate runs/quickstart "kave tomi tozu"
     keras-transformer translate runs/multi30k-de-en < test.de > hypotheses.en

@@ -1,4 +1,4 @@
-"""The drawing surface every figure of `keras_transformer.plots` uses.
+"""The drawing surface every figure of `keras_transformer.plots` uses (not a paper section).
 
 Figures are drawn with matplotlib's Agg renderer on a `Figure` object, without
 pyplot, so no window opens and the caller's matplotlib settings stay as they

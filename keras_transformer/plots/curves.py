@@ -224,7 +224,8 @@ def plot_validation_curve(path, runs):
 
 
 def plot_variants(path, rows, title="Table 3 variants"):
-    """Bar charts of dev BLEU and perplexity per variant (rows of recipes/table3.py).
+    """Bar charts of dev BLEU and perplexity per variant (rows of
+    `keras_transformer.training.variants.train_and_measure`).
 
     Args:
         path: PNG file to write.

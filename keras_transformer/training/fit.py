@@ -155,7 +155,7 @@ class RunBackup(keras.callbacks.BackupAndRestore):
     then renamed), and only then does `state.json` (also renamed into place)
     point at it; older windows are deleted after that. Whatever the moment of
     the kill, `state.json` names a complete file. The backup is kept when
-    training ends (the recipes' later phases rely on it), and nothing is
+    training ends (a run given more steps trains on from it), and nothing is
     written for a window with non-finite weights or one the guard cut short.
     A backup in Keras's own layout (runs from before) is still restored.
 
@@ -277,7 +277,8 @@ class TimeBudget(keras.callbacks.Callback):
     """Stops `model.fit` once `seconds` of training have passed.
 
     Checked after every batch, so training overruns by at most one step. Used
-    by `recipes/table3.py` to give every variant the same training time.
+    by `variants.train_and_measure` to give every Table 3 variant the same
+    training time.
 
     Args:
         seconds: The budget, counted from the start of this `fit` call.

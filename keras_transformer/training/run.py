@@ -335,8 +335,8 @@ def run(splits, config, options):
             options.run_dir, options.export_dir, beam_size=options.beam_size,
             alpha=options.alpha))
     if record.phases == record.done_before:
-        print(f"Nothing left to do: {record.path} records every phase. Score the run again "
-              "with evaluate_only, or train on with a larger steps.")
+        print(f"Nothing left to do: {record.path} records every phase (evaluate_only "
+              "scores the run again; a larger steps trains on).")
     return record.results
 
 

@@ -1,16 +1,18 @@
 """Training on a GPU with `model.fit` in mixed precision (§5.2 Hardware and
 Schedule): tokens/s, model FLOPs utilization (MFU), peak GPU memory, the loss
-over the run, and which attention kernel ran.
+over the run, and which attention kernel ran; against torch.nn.Transformer in
+plain PyTorch on the same batches.
 
 Trains `TransformerConfig.base` (N=6, d_model 512, 8 heads, d_ff 2048, shared
 vocabulary of 37000; `--config big` for the big model) with `model.fit`,
 `paper_adam` and label smoothing 0.1, on batches of about 25,000 source and
 25,000 target tokens as in the paper (`--tokens-per-batch`, `--length`). The
 data is synthetic and learnable: a copy task whose ids follow a Zipf law over
-the vocabulary, so the loss must fall from about ln(37000) = 10.5 within the
-run. The last row of every batch is all padding, source and target, as a batch
-filled up to a fixed size would be: the masks' fully padded rows are exercised
-in every step (under mixed_float16 too).
+the vocabulary, as subword ids do, so the loss must fall from about
+ln(37000) = 10.5 within the run; `--id-frequencies` draws them from the unigram
+counts of a real tokenized corpus instead (`id_frequencies.py`). The last row
+of every batch is all padding, source and target, as a batch filled up to a
+fixed size would be: the masks' fully padded rows are exercised in every step.
 
 `fit` runs `--steps` optimizer steps in windows of `--window` steps (Keras
 epochs); the end of a window reads the loss back, which waits for the device.
@@ -19,32 +21,27 @@ first window (which compiles), the time of the first window, TFLOP/s with the
 FLOP formula of `common.py` (matmuls only, 3 × forward, over the batch's whole
 shape) and MFU against `--peak-tflops` (the chip's dense peak for the precision
 you run: 989 for bf16/fp16 on an H100 or H200 SXM, from NVIDIA's datasheet),
-the backend allocator's peak GPU memory, and each window's mean loss.
+the backend allocator's peak GPU memory, each window's mean loss, and the steps
+that loss scaling skipped (mixed_float16).
 
-`--profile STEPS` profiles that many `train_on_batch` steps after the run and
-reports the wall time and, per timeline of the profiler (JAX: each line of the
-GPU's planes, such as "XLA Ops" and the streams; torch: the GPU kernels), the
-number of events, their busy time and the costliest names.
-
-`--check-attention` says which kernel eq. (1) ran on: under JAX it lowers the
-gradient of the training loss and counts cuDNN fused-attention custom calls
-(`__cudnn$fmha*`) in it; under torch it profiles one training step and lists
-the attention kernels that ran on the GPU. Under TensorFlow it says that Keras
-has no fused kernel for that backend.
+`--peers eager,compile` then trains `torch.nn.Transformer` on the same batches
+with the same ids, loss and optimizer (`gpu_peer.py`), each mode in its own
+process, and gives ours / peer from the one invocation. `--check-attention`
+and `--profile STEPS` say which kernel ran eq. (1) and where the time of a few
+steps goes (`gpu_profile.py`).
 
 Without a GPU visible to the backend it prints why and exits with status 0 and a
 JSON line marked "skipped" (`--allow-cpu` runs it anyway, to check the script).
 
-    KERAS_BACKEND=jax python benchmarks/gpu.py --peak-tflops 989 --check-attention
+    KERAS_BACKEND=jax python benchmarks/gpu.py --peak-tflops 989 --peers eager,compile
     KERAS_BACKEND=torch python benchmarks/gpu.py --precision mixed_float16 --peak-tflops 989
-    KERAS_BACKEND=jax python benchmarks/gpu.py --config big --peak-tflops 989
-    KERAS_BACKEND=jax python benchmarks/gpu.py --steps 50 --profile 5
+    KERAS_BACKEND=jax python benchmarks/gpu.py --config big --peak-tflops 989 --peers compile
+    KERAS_BACKEND=jax python benchmarks/gpu.py --steps 40 --window 20 --profile 5
 """
 
 import argparse
 import math
 import os
-import re
 import sys
 import time
 
@@ -52,12 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
-
-# cuDNN's fused attention in an XLA graph: a custom call named __cudnn$fmha...
-JAX_FUSED_ATTENTION = re.compile(r"__cudnn\$fmha\w*")
-# The names torch gives its fused attention kernels (flash, memory-efficient, cuDNN).
-TORCH_ATTENTION_KERNEL = re.compile(r"flash|fmha|efficient_attention|cudnn.*attention|"
-                                    r"attention.*cudnn|sdpa", re.IGNORECASE)
+from gpu_profile import attention_kernels, profile_steps
 
 
 def gpu_devices(backend):
@@ -94,14 +86,20 @@ def peak_memory_mb(backend):
         return None
 
 
-def copy_batches(num_batches, batch_size, length, vocab_size, seed=0):
+def copy_batches(num_batches, batch_size, length, vocab_size, seed=0, frequencies=None):
     """`({"source", "target"}, labels)` int32 arrays of `num_batches` batches of a
-    copy task: labels = source, target = BOS + labels[:-1]; ids above the special
-    ones, Zipf-distributed (exponent 1.1) so that the loss falls quickly. The
-    last row of each batch is all padding."""
+    copy task: labels = source, target = BOS + labels[:-1]. The ids lie above
+    the special ones and follow a Zipf law (exponent 1.1), as subword ids do,
+    or with `frequencies` (a count per id, `vocab_size` of them) the unigram
+    distribution of a real tokenized corpus. The last row of each batch is all
+    padding."""
     rng = np.random.default_rng(seed)
     rows, first = num_batches * batch_size, 4  # above pad, unknown, begin and end
-    ids = first + (rng.zipf(1.1, size=(rows, length)) - 1) % (vocab_size - first)
+    if frequencies is None:
+        ids = first + (rng.zipf(1.1, size=(rows, length)) - 1) % (vocab_size - first)
+    else:
+        weights = np.asarray(frequencies, "float64")[first:]
+        ids = first + rng.choice(len(weights), size=(rows, length), p=weights / weights.sum())
     source = ids.astype("int32")
     source[batch_size - 1::batch_size] = common.PAD_ID
     labels = source.copy()
@@ -137,112 +135,6 @@ def window_timer(steps_per_window, tokens_per_step, total_windows):
     return _WindowTimer()
 
 
-def attention_kernels(backend, model, inputs, labels):
-    """What ran eq. (1): a dict saying how it was checked and what was found."""
-    if backend == "jax":
-        import jax
-
-        loss_fn = model.loss
-
-        def training_loss(trainable, non_trainable, x, y):
-            predictions, _ = model.stateless_call(trainable, non_trainable, x, training=True)
-            return loss_fn(y, predictions)
-
-        trainable = [v.value for v in model.trainable_variables]
-        non_trainable = [v.value for v in model.non_trainable_variables]
-        lowered = jax.jit(jax.grad(training_loss)).lower(trainable, non_trainable, inputs, labels)
-        calls = JAX_FUSED_ATTENTION.findall(lowered.as_text())
-        counts = {name: calls.count(name) for name in sorted(set(calls))}
-        return {"method": "custom calls in the lowered gradient of the training loss",
-                "fused_calls": counts, "fused": bool(calls)}
-    if backend == "torch":
-        profiler, _ = _torch_profiled(model, inputs, labels, 1)
-        names = {}
-        for event in profiler.key_averages():
-            if TORCH_ATTENTION_KERNEL.search(event.key):
-                names[event.key[:120]] = event.count
-        return {"method": "torch.profiler operators and kernels of one train_on_batch",
-                "fused_calls": names, "fused": bool(names)}
-    return {"method": "none", "fused": False,
-            "fused_calls": {}, "note": "Keras's TensorFlow backend has no fused attention kernel"}
-
-
-def _torch_profiled(model, inputs, labels, steps):
-    """(torch.profiler, wall seconds) of `steps` calls of `train_on_batch`: the
-    aten:: operators, and on a GPU the kernels they launched."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    gpu = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    start = time.perf_counter()
-    with profile(activities=activities) as profiler:
-        for _ in range(steps):
-            model.train_on_batch(inputs, labels)
-        if gpu:
-            torch.cuda.synchronize()
-    return profiler, time.perf_counter() - start
-
-
-def _timeline(events, most):
-    """The summary of one timeline's (name, nanoseconds) events: their number,
-    busy time, and [[name, calls, ms], ...] of the `most` names with the most time."""
-    totals, counts = {}, {}
-    for name, duration in events:
-        totals[name] = totals.get(name, 0) + duration
-        counts[name] = counts.get(name, 0) + 1
-    ranked = sorted(totals, key=totals.get, reverse=True)[:most]
-    return {"events": sum(counts.values()), "busy_ms": round(sum(totals.values()) / 1e6, 3),
-            "top": [[name[:160], counts[name], round(totals[name] / 1e6, 3)]
-                    for name in ranked]}
-
-
-def profile_steps(backend, model, inputs, labels, steps, most=25):
-    """Where `steps` calls of `train_on_batch` spend their time, from the backend's
-    profiler: the wall time, and per timeline (JAX: each line of the device's
-    planes, the host's where no device shows; torch: the GPU kernels, else the
-    CPU operators) the events, their busy time and the `most` costliest names."""
-    import tempfile
-
-    model.train_on_batch(inputs, labels)  # compiled and warm before the trace
-    if backend == "jax":
-        import glob
-
-        import jax
-        from jax.profiler import ProfileData
-
-        with tempfile.TemporaryDirectory(prefix="gpu-profile-") as directory:
-            start = time.perf_counter()
-            with jax.profiler.trace(directory):
-                for _ in range(steps):
-                    model.train_on_batch(inputs, labels)  # returns the loss on the host
-            wall = time.perf_counter() - start
-            path = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)[0]
-            planes = list(ProfileData.from_file(path).planes)
-        device = [p for p in planes if p.name.startswith("/device:")]
-        timelines = {}
-        for plane in device or [p for p in planes if p.name.startswith("/host:CPU")]:
-            for line in plane.lines:
-                timeline = _timeline(((e.name, e.duration_ns) for e in line.events), most)
-                if timeline["events"]:
-                    timelines[f"{plane.name} {line.name}"] = timeline
-        return {"steps": steps, "wall_ms": round(wall * 1e3, 3), "tool": "jax.profiler",
-                "device_planes": bool(device), "timelines": timelines}
-    if backend == "torch":
-        import torch
-
-        gpu = torch.cuda.is_available()
-        profiler, wall = _torch_profiled(model, inputs, labels, steps)
-        events = ((event.name, (event.time_range.end - event.time_range.start) * 1000)  # ns
-                  for event in profiler.events()
-                  if str(event.device_type).endswith("CUDA") is gpu
-                  and (gpu or event.cpu_parent is None))
-        name = "GPU kernels" if gpu else "top-level CPU operators"
-        return {"steps": steps, "wall_ms": round(wall * 1e3, 3), "tool": "torch.profiler",
-                "device_planes": gpu, "timelines": {name: _timeline(events, most)}}
-    return {"steps": steps, "tool": "none", "note": "profiling is implemented for JAX and torch"}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[-1],
@@ -256,6 +148,14 @@ def main(argv=None):
                         help="S = T, positions per sentence; the batch holds "
                              "tokens-per-batch // length sentences")
     parser.add_argument("--vocab-size", type=int, default=37000)
+    parser.add_argument("--id-frequencies", metavar="NPY",
+                        help="draw the ids from these counts per id (a .npy that "
+                             "benchmarks/id_frequencies.py writes from a real corpus) instead "
+                             "of a Zipf law; the vocabulary is then their length")
+    parser.add_argument("--peers", default="", metavar="MODES",
+                        help="after our run, train torch.nn.Transformer on the same batches in "
+                             "plain PyTorch (benchmarks/gpu_peer.py), each of these comma-"
+                             "separated modes in its own process: eager, compile")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps in all")
     parser.add_argument("--window", type=int, default=25,
                         help="steps per timed window (a Keras epoch); the first compiles")
@@ -293,6 +193,17 @@ def main(argv=None):
         parser.error("--dropout must be in [0, 1)")
     if args.steps_per_execution < 1 or args.window % args.steps_per_execution:
         parser.error("--steps-per-execution must be positive and divide --window")
+    peers = [mode for mode in args.peers.split(",") if mode]
+    if set(peers) - set(PEER_MODES):
+        parser.error(f"--peers takes {', '.join(PEER_MODES)}, got {args.peers!r}")
+    frequencies = None
+    if args.id_frequencies:
+        frequencies = np.load(args.id_frequencies)
+        args.vocab_size = len(frequencies)
+    if peers:
+        # Our process keeps only the GPU memory it uses, so that the peers'
+        # processes, which run after it, have the rest.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
     import keras
 
@@ -321,7 +232,8 @@ def main(argv=None):
         args.config = "tiny (quick)"
     batch_size = args.tokens_per_batch // args.length
     windows = args.steps // args.window
-    inputs, labels = copy_batches(args.window, batch_size, args.length, config.vocab_size)
+    inputs, labels = copy_batches(args.window, batch_size, args.length, config.vocab_size,
+                                  frequencies=frequencies)
     target_tokens = int(np.count_nonzero(labels != config.pad_id)) // args.window  # per step
     common.progress(f"gpu: backend {backend}, devices {devices or ['CPU (--allow-cpu)']}, "
                     f"{args.config} config (N={config.num_layers}, d_model {config.d_model}, "
@@ -337,6 +249,9 @@ def main(argv=None):
     model.fit(inputs, labels, batch_size=batch_size, epochs=windows, shuffle=False,
               verbose=0, callbacks=[timer])
     fit_seconds = time.perf_counter() - start
+    # Under mixed_float16 a step whose gradient overflowed is skipped by the
+    # loss scaling; the inner optimizer counts only the steps it applied.
+    applied = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
     step_time = common.median(timer.seconds[1:]) / args.window
     flops = common.training_flops(batch_size, args.length, args.length, config)
@@ -357,6 +272,7 @@ def main(argv=None):
         "window_losses": timer.losses, "loss_finite": finite,
         "loss_decreased": finite and timer.losses[-1] < timer.losses[0],
         "optimizer": type(model.optimizer).__name__,
+        "skipped_steps": args.steps - applied, "ids": args.id_frequencies or "zipf 1.1",
         "quick": args.quick, "skipped": False,
     }
     common.progress(f"gpu: {result['tokens_per_s']:,.0f} target tokens/s, "
@@ -379,9 +295,53 @@ def main(argv=None):
                             f"{timeline['events']} events, {timeline['busy_ms']:.1f} ms busy; "
                             + ", ".join(f"{n} x{c} {ms:.2f} ms"
                                         for n, c, ms in timeline["top"][:5]))
+    if peers:
+        del model
+        if backend == "torch":
+            import torch
+
+            torch.cuda.empty_cache()
+        result["peers"] = run_peers(args, peers)
+        for mode, peer in result["peers"].items():
+            if peer.get("tokens_per_s"):
+                peer["ours_over_peer"] = result["tokens_per_s"] / peer["tokens_per_s"]
+                common.progress(f"gpu: ours / torch.nn.Transformer ({mode}) = "
+                                f"{peer['ours_over_peer']:.3f}")
     common.emit(result)
     if not finite:
         sys.exit("error: the loss became NaN or infinite")
+
+
+PEER_MODES = ("eager", "compile")
+
+
+def run_peers(args, modes):
+    """Runs benchmarks/gpu_peer.py once per mode, in its own process, with our
+    batch shape, ids, steps and precision; returns {mode: its JSON result}."""
+    import json
+    import subprocess
+
+    shared = ["--config", args.config if args.config in ("base", "big") else "base",
+              "--precision", args.precision, "--tokens-per-batch", str(args.tokens_per_batch),
+              "--length", str(args.length), "--vocab-size", str(args.vocab_size),
+              "--steps", str(args.steps), "--window", str(args.window)]
+    for flag, value in (("--dropout", args.dropout), ("--id-frequencies", args.id_frequencies),
+                        ("--peak-tflops", args.peak_tflops)):
+        if value is not None:
+            shared += [flag, str(value)]
+    shared += ["--quick"] * args.quick + ["--allow-cpu"] * args.allow_cpu
+    results = {}
+    for mode in modes:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_peer.py")
+        common.progress(f"gpu: peer torch.nn.Transformer, {mode}")
+        finished = subprocess.run([sys.executable, script, "--mode", mode, *shared],
+                                  stdout=subprocess.PIPE, text=True)
+        lines = finished.stdout.strip().splitlines()
+        try:
+            results[mode] = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            results[mode] = {"error": f"exit status {finished.returncode}, no result line"}
+    return results
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-#!/usr/bin/env bash
-# Issue 21's GPU measurements in one go, most important first, within a time budget:
+# The GPU report in one go, most important first, within a time budget:
 #   bash benchmarks/gpu_all.sh OUTDIR [BUDGET_SECONDS]
 # Each run appends its JSON line to OUTDIR/results.jsonl and its output to
 # OUTDIR/log.txt; OUTDIR/env.txt records the GPU, driver and library versions and
@@ -7,20 +6,18 @@
 # expected time left in the budget is skipped (and says so), one that fails is
 # recorded and the next one starts. PEAK_TFLOPS (default 989: dense bf16/fp16 of
 # an H100 or H200 SXM, NVIDIA's datasheet) gives gpu.py its MFU; PYTHON (default
-# python3) the interpreter, with the CUDA builds of JAX and torch. PLAN=attribution
-# runs the variants that say where the base step's time goes instead, and
-# PLAN=profile the profiles of a few steps (the kernels and their times). QUICK=1 runs
-# every step at tiny sizes on whatever device there is, to check the script.
+# python3) the interpreter, with the CUDA builds of JAX and torch. IDS names a
+# .npy of real id frequencies (benchmarks/id_frequencies.py) for one run on real
+# ids; BEFORE names a copy of the repository at an earlier commit whose
+# benchmarks/gpu.py runs first, as the baseline of the same invocation. QUICK=1
+# runs every step at tiny sizes on whatever device there is, to check the script.
 set -u
 out=${1:?usage: bash benchmarks/gpu_all.sh OUTDIR [BUDGET_SECONDS]}
 budget=${2:-540}
 peak=${PEAK_TFLOPS:-989}
 python=${PYTHON:-python3}
-plan=${PLAN:-main}
-case $plan in
-  main|attribution|profile) ;;
-  *) echo "gpu_all.sh: PLAN must be main, attribution or profile, not '$plan'" >&2; exit 2 ;;
-esac
+ids=${IDS:-}
+before=${BEFORE:-}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 start=$(date +%s)
@@ -80,42 +77,27 @@ run() {
 }
 
 fit="benchmarks/gpu.py --peak-tflops $peak"
-decode="benchmarks/decoding.py --config base --batch-size 64 --source-length 32 --lengths 32 --no-uncached --repeats 3"
+long="--steps 80 --window 20"   # four windows: the first compiles, the median of three
+short="--steps 40 --window 20"  # two windows: the first compiles
 if [[ ${QUICK:-0} == 1 ]]; then
-  fit="$fit --quick --allow-cpu"
-  decode="benchmarks/decoding.py --quick --no-uncached"
+  fit="benchmarks/gpu.py --quick --allow-cpu" long="" short=""
 fi
-case $plan in
-  profile)
-    # The kernels of five steps of the base and big models (gpu.py --profile),
-    # each after a short fit: the next question of the attribution runs.
-    short="--steps 50"
-    run jax-base-bf16-profile 40 jax $fit $short --profile 5
-    run torch-base-bf16-profile 30 torch $fit $short --profile 5
-    run jax-big-bf16-profile 45 jax $fit $short --profile 5 --config big
-    ;;
-  attribution)
-    # Where the base step's time goes: the same step without dropout, with a
-    # smaller vocabulary, and with 25 steps per device call, beside the default.
-    short="--steps 100"
-    run jax-base-bf16-short 40 jax $fit $short
-    run jax-base-bf16-no-dropout 40 jax $fit $short --dropout 0
-    run jax-base-bf16-vocab-8000 40 jax $fit $short --vocab-size 8000
-    run jax-base-bf16-25-steps-per-call 40 jax $fit $short --steps-per-execution 25
-    run torch-base-bf16-no-dropout 30 torch $fit $short --dropout 0
-    run torch-base-bf16-vocab-8000 30 torch $fit $short --vocab-size 8000
-    ;;
-  main)
-    run jax-base-bf16 60 jax $fit --check-attention
-    run torch-base-bf16 60 torch $fit --check-attention
-    run jax-big-bf16 90 jax $fit --config big
-    run jax-decoding 40 jax $decode
-    run torch-decoding 40 torch $decode
-    run jax-base-fp16 60 jax $fit --precision mixed_float16
-    run torch-base-fp16 60 torch $fit --precision mixed_float16 --check-attention
-    run torch-big-bf16 90 torch $fit --config big
-    run jax-base-bf16-xla-attention 60 jax $fit --flash-attention off
-    ;;
-esac
+# Ours against torch.nn.Transformer on the same batches (eager, torch.compile).
+run jax-base-bf16 170 jax $fit $long --peers eager,compile
+run jax-big-bf16 170 jax $fit $long --config big --peers compile
+# The code before the change under test, on the same machine in the same call.
+if [[ -n $before ]]; then
+  run before-jax-base-bf16 40 jax $before/$fit $short
+fi
+run torch-base-bf16 50 torch $fit $long
+run jax-base-bf16-profile 40 jax $fit $short --profile 5
+run jax-base-fp16 40 jax $fit $short --precision mixed_float16
+if [[ -n $before ]]; then
+  run before-jax-base-fp16 40 jax $before/$fit $short --precision mixed_float16
+fi
+run jax-big-bf16-20-steps-per-call 45 jax $fit $short --config big --steps-per-execution 20
+if [[ -n $ids ]]; then
+  run jax-base-bf16-real-ids 35 jax $fit $short --id-frequencies $ids
+fi
 rm -f "$out/run.tmp"
 echo "gpu_all.sh finished in $(( $(date +%s) - start )) s" | tee -a "$out/log.txt"

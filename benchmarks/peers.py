@@ -50,10 +50,13 @@ def build_keras_hub(config):
     return keras.Model({"source": source, "target": target}, logits, name="keras_hub")
 
 
-def torch_model_and_step(config, batch):
+def torch_transformer(config):
+    """Our configuration as a `torch.nn.Module` around `torch.nn.Transformer`:
+    `module(source, target)` gives (batch, T, vocab) logits. A query row that
+    is all padding attends to every key, as ours does, rather than to none
+    (which gives NaN)."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     d, V = config.d_model, config.vocab_size
 
@@ -80,15 +83,29 @@ def torch_model_and_step(config, batch):
 
         def forward(self, source, target):
             length = target.shape[1]
-            causal = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
+            causal = torch.triu(torch.ones(length, length, dtype=torch.bool,
+                                           device=target.device), diagonal=1)
             source_pad, target_pad = source == config.pad_id, target == config.pad_id
+            source_pad = source_pad & ~source_pad.all(dim=1, keepdim=True)
+            target_pad = target_pad & ~target_pad.all(dim=1, keepdim=True)
             y = self.transformer(
                 self.embed(source), self.embed(target), tgt_mask=causal,
                 src_key_padding_mask=source_pad, tgt_key_padding_mask=target_pad,
                 memory_key_padding_mask=source_pad, tgt_is_causal=True)
             return y @ self.embedding.weight.T + self.output_bias
 
-    model = TorchTransformer()
+    return TorchTransformer()
+
+
+def torch_model_and_step(config, batch):
+    """`torch_transformer(config)` with Adam(0.9, 0.98, 1e-9), eq. (3) and a
+    label-smoothed loss: `(model, step)`, `step()` training on `batch` (NumPy
+    source, target, labels) once on the CPU and returning the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    d, V = config.d_model, config.vocab_size
+    model = torch_transformer(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     warmup = config.warmup_steps
     schedule = torch.optim.lr_scheduler.LambdaLR(  # eq. (3), steps counted from 1

@@ -73,3 +73,20 @@ def test_results_md_has_no_dated_headings():
     with open(RESULTS) as file:
         dated = [h for h in headings(file.read()) if re.search(r"\d{4}-\d{2}-\d{2}|\d{2}:\d{2}", h)]
     assert dated == []
+
+
+def test_run_all_keeps_every_section_it_does_not_write(run_all, tmp_path):
+    report = tmp_path / "RESULTS.md"
+    report.write_text(
+        "# Benchmark results\n\n- Date: then\n\n"
+        "## Targets\n\nold targets\n\n"
+        "## GPU\n\n| skipped |\n\n"
+        "## Analysis of the targets (written by hand for the run above)\n\nstale\n\n"
+        "## GPU: fit on a real GPU (by hand)\n\nkept 1\n\n### a subsection\n\nkept 2\n\n"
+        "## Serving (benchmarks/serving.py)\n\nkept 3\n")
+    kept = run_all._kept_sections(str(report))
+    assert [line for line in kept.splitlines() if line.startswith("## ")] == [
+        "## GPU: fit on a real GPU (by hand)", "## Serving (benchmarks/serving.py)"]
+    assert "kept 1" in kept and "### a subsection" in kept and "kept 3" in kept
+    assert "old targets" not in kept and "stale" not in kept and "skipped" not in kept
+    assert run_all._kept_sections(str(tmp_path / "missing.md")) == ""

@@ -1,5 +1,6 @@
-"""The GPU benchmark's CPU-checkable parts (benchmarks/gpu.py, issue 21) and the
-report writer's rule for keeping hand-written sections (benchmarks/run_all.py)."""
+"""The GPU benchmark's CPU-checkable parts: benchmarks/gpu.py (model.fit in mixed
+precision), its torch.nn.Transformer peer (gpu_peer.py) and the real-corpus id
+frequencies it can draw from (id_frequencies.py)."""
 
 import importlib.util
 import json
@@ -45,21 +46,79 @@ def test_copy_batches_are_a_copy_task_with_one_padding_row_per_batch(gpu):
     assert counts.argmax() == 4
 
 
-@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
-def test_gpu_script_trains_with_fit_and_reports_on_a_cpu(gpu, capsys, precision):
-    gpu.main(["--quick", "--allow-cpu", "--check-attention", "--precision", precision])
+def matmul_flops(batch, length, config):
+    """Training FLOPs of one step (source and target of `length` tokens),
+    counted product by product: 2 FLOPs per multiply-add of every matmul of
+    the forward pass, times 3 (the forward pass and the backward's two
+    products). Attention over all heads multiplies like one (S, d) x (d, S)
+    product for the logits and one (S, S) x (S, d) for the values."""
+    B, S, d, f, V = batch, length, config.d_model, config.d_ff, config.vocab_size
+    attention = [(B * S, d, d)] * 4 + [(B * S, d, S), (B * S, S, d)]  # Q, K, V, O; eq. (1)
+    feed_forward = [(B * S, d, f), (B * S, f, d)]
+    products = config.num_layers * (attention + feed_forward  # an encoder block
+                                    + attention + attention + feed_forward)  # a decoder block
+    products.append((B * S, d, V))  # the tied output projection
+    return 3 * sum(2 * m * k * n for m, k, n in products)
+
+
+def test_copy_batches_draw_real_ids_by_their_counts(gpu):
+    counts = np.zeros(50, "int64")
+    counts[[3, 7, 9]] = [1000, 800, 0]  # EOS (3) is special: never drawn
+    counts[20:30] = 10
+    inputs, labels = gpu.copy_batches(4, 50, 16, 50, seed=2, frequencies=counts)
+    drawn = np.bincount(inputs["source"][inputs["source"] != gpu.common.PAD_ID], minlength=50)
+    assert set(np.flatnonzero(drawn)) <= {7, *range(20, 30)}
+    share = drawn[7] / drawn.sum()  # 800 of the 900 counts above the special ids
+    assert share == pytest.approx(800 / 900, abs=0.03)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax",
+                    reason="tokenization does not depend on the backend: runs once")
+def test_id_frequencies_counts_the_ids_of_a_tokenized_corpus(tmp_path, capsys):
+    from keras_transformer.tokenizers import SubwordTokenizer
+
+    sentences = {"de": ["ein hund rennt", "zwei hunde spielen", "ein mann liest"] * 20,
+                 "en": ["a dog runs", "two dogs play", "a man reads"] * 20}
+    for split in ("train", "val", "test_2016_flickr"):
+        for language, lines in sentences.items():
+            (tmp_path / f"{split}.{language}").write_text("\n".join(lines) + "\n")
+    output = tmp_path / "ids.npy"
+    load_script("id_frequencies").main(["--data-dir", str(tmp_path), "--vocab-size", "40",
+                                        "--output", str(output)])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    counts = np.load(output)
+    assert len(counts) == result["vocab_size"] == 40 and counts.sum() == result["tokens"]
+    assert counts[:4].sum() == 0  # no padding, unknown, begin or end of sentence
+    # The same vocabulary learned again counts the same pieces.
+    texts = sentences["de"] + sentences["en"]
+    tokenizer = SubwordTokenizer.train(texts, 40)
+    expected = np.bincount(np.concatenate(tokenizer.tokenize(texts)), minlength=40)
+    np.testing.assert_array_equal(counts, expected)
+
+
+# One fit per pass, each in the precision its backend's path is checked in:
+# float16 with loss scaling under JAX, bfloat16 under TensorFlow and torch.
+PRECISION = {"jax": "mixed_float16"}.get(keras.backend.backend(), "mixed_bfloat16")
+
+
+def test_gpu_script_trains_with_fit_and_reports_on_a_cpu(gpu, capsys):
+    import keras_transformer as kt
+
+    gpu.main(["--quick", "--allow-cpu", "--check-attention", "--precision", PRECISION])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["benchmark"] == "gpu" and not result["skipped"]
-    assert result["backend"] == keras.backend.backend()
-    assert result["precision"] == precision
+    assert result["backend"] == keras.backend.backend() and result["precision"] == PRECISION
     assert len(result["window_losses"]) == result["steps"] // result["window"] == 3
-    assert result["loss_finite"] and all(np.isfinite(result["window_losses"]))
+    # The copy task is learnable: the loss falls over the six steps.
+    assert result["loss_finite"] and result["loss_decreased"]
     # 8 rows of 8 positions, the last row padding: 7 x 8 real target tokens a step.
     assert result["batch_size"] == 8 and result["target_tokens_per_step"] == 56
-    assert result["tokens_per_s"] > 0 and result["achieved_tflops"] > 0
+    flops = matmul_flops(8, 8, kt.TransformerConfig.tiny(200))
+    assert result["achieved_tflops"] * 1e12 * result["median_step_s"] == pytest.approx(flops)
     assert result["mfu"] is None and result["peak_tflops"] is None
     scaled = result["optimizer"] == "LossScaleOptimizer"
-    assert scaled is (precision == "mixed_float16")  # Keras scales the loss for float16
+    assert scaled is (PRECISION == "mixed_float16")  # Keras scales the loss for float16
+    assert result["skipped_steps"] == 0  # no gradient of this run overflows
     attention = result["attention"]
     if keras.backend.backend() == "torch":
         # torch's CPU kernel for scaled_dot_product_attention is a fused one too.
@@ -67,6 +126,22 @@ def test_gpu_script_trains_with_fit_and_reports_on_a_cpu(gpu, capsys, precision)
                                           for name in attention["fused_calls"])
     else:  # no cuDNN on a CPU (JAX); no fused kernel in Keras (TensorFlow)
         assert not attention["fused"] and attention["fused_calls"] == {}
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="the peer is plain PyTorch: runs in the torch pass")
+def test_the_peer_trains_the_same_model_on_the_same_batches(gpu, capsys):
+    gpu.main(["--quick", "--allow-cpu", "--peers", "eager"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    peer = result["peers"]["eager"]
+    assert peer["benchmark"] == "gpu_peer" and peer["mode"] == "eager" and not peer["skipped"]
+    for key in ("batch_size", "length", "target_tokens_per_step", "steps", "window",
+                "vocab_size", "precision"):
+        assert peer[key] == result[key], key
+    # torch.nn.Transformer adds a final LayerNorm to each stack: 2 x (scale, offset).
+    assert peer["params"] == result["params"] + 4 * 32
+    assert peer["loss_finite"] and peer["loss_decreased"]
+    assert peer["ours_over_peer"] == pytest.approx(result["tokens_per_s"] / peer["tokens_per_s"])
 
 
 def test_gpu_script_profiles_steps(gpu, capsys):
@@ -92,7 +167,7 @@ def test_gpu_script_profiles_steps(gpu, capsys):
 def test_gpu_script_refuses_bad_arguments(gpu):
     for argv in (["--steps", "30", "--window", "25"], ["--steps", "25", "--window", "25"],
                  ["--dropout", "1.5"], ["--steps-per-execution", "7"], ["--length", "1"],
-                 ["--profile", "-1"]):
+                 ["--profile", "-1"], ["--peers", "eager,jit"]):
         with pytest.raises(SystemExit) as error:
             gpu.main(argv)
         assert error.value.code == 2, argv
@@ -104,21 +179,3 @@ def test_gpu_script_skips_without_a_gpu(gpu, capsys):
     gpu.main(["--quick"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["skipped"] and "No GPU visible" in result["reason"]
-
-
-def test_run_all_keeps_every_section_it_does_not_write(tmp_path):
-    run_all = load_script("run_all")
-    report = tmp_path / "RESULTS.md"
-    report.write_text(
-        "# Benchmark results\n\n- Date: then\n\n"
-        "## Targets\n\nold targets\n\n"
-        "## GPU\n\n| skipped |\n\n"
-        "## Analysis of the targets (written by hand for the run above)\n\nstale\n\n"
-        "## GPU: fit on a real GPU (by hand)\n\nkept 1\n\n### a subsection\n\nkept 2\n\n"
-        "## Serving (benchmarks/serving.py)\n\nkept 3\n")
-    kept = run_all._kept_sections(str(report))
-    assert [line for line in kept.splitlines() if line.startswith("## ")] == [
-        "## GPU: fit on a real GPU (by hand)", "## Serving (benchmarks/serving.py)"]
-    assert "kept 1" in kept and "### a subsection" in kept and "kept 3" in kept
-    assert "old targets" not in kept and "stale" not in kept and "skipped" not in kept
-    assert run_all._kept_sections(str(tmp_path / "missing.md")) == ""

@@ -1,0 +1,175 @@
+"""The GPU benchmark's peer: `torch.nn.Transformer` trained in plain PyTorch on
+gpu.py's batches (§5.2 Hardware and Schedule).
+
+The same configuration as ours (`peers.torch_transformer`: N post-norm blocks,
+one embedding matrix shared by source, target and the output projection,
+sinusoidal positions, padding and causal masks), the same batches
+(`gpu.copy_batches`: a copy task of Zipf-distributed or real-corpus ids, the
+last row of each batch all padding), Adam(0.9, 0.98, 1e-9) with eq. (3), and
+cross-entropy with label smoothing on float32 logits. It trains as a careful
+PyTorch user would: `torch.autocast` in bfloat16 (float16 with a GradScaler),
+fused Adam on a GPU, the batch copied to the device at each step, and with
+`--mode compile` the loss function under `torch.compile`.
+
+It reports what gpu.py reports, in the same JSON fields: the median window's
+target tokens/s after the first window (which compiles), TFLOP/s with the same
+FLOP count, MFU, peak memory, each window's loss, and under float16 the steps
+the GradScaler skipped. `gpu.py --peers eager,compile` runs it after our model
+in the same invocation, so that one report gives the ratio.
+
+    python benchmarks/gpu_peer.py --mode compile --config big --peak-tflops 989
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+import gpu
+import peers
+
+MODES = ("eager", "compile")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=MODES, default="eager",
+                        help="eager PyTorch, or the loss function under torch.compile")
+    parser.add_argument("--config", choices=("base", "big"), default="base")
+    parser.add_argument("--precision", choices=("mixed_bfloat16", "mixed_float16", "float32"),
+                        default="mixed_bfloat16", help="autocast dtype (as gpu.py's policy)")
+    parser.add_argument("--tokens-per-batch", type=int, default=25000)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--vocab-size", type=int, default=37000)
+    parser.add_argument("--id-frequencies", metavar="NPY", help="as gpu.py's")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--window", type=int, default=25)
+    parser.add_argument("--dropout", type=float, default=None)
+    parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the script")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="run without a GPU, only to check the script")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens_per_batch, args.length, args.vocab_size = 64, 8, 200
+        args.steps, args.window = 6, 2
+    if args.steps % args.window or args.steps // args.window < 2:
+        parser.error("--steps must be a multiple of --window, at least two windows")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    from keras_transformer.config import TransformerConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.allow_cpu:
+        common.emit({"benchmark": "gpu_peer", "mode": args.mode, "skipped": True,
+                     "reason": "no GPU visible to torch"})
+        return
+    frequencies = None
+    if args.id_frequencies:
+        frequencies = np.load(args.id_frequencies)
+        args.vocab_size = len(frequencies)
+    overrides = {} if args.dropout is None else {"dropout_rate": args.dropout}
+    preset = TransformerConfig.big if args.config == "big" else TransformerConfig.base
+    config = preset(args.vocab_size, max_length=max(256, args.length), **overrides)
+    if args.quick:
+        config = TransformerConfig.tiny(args.vocab_size, **overrides)
+    batch_size = args.tokens_per_batch // args.length
+    inputs, labels = gpu.copy_batches(args.window, batch_size, args.length, config.vocab_size,
+                                      frequencies=frequencies)
+    target_tokens = int(np.count_nonzero(labels != config.pad_id)) // args.window
+    # Host tensors, copied to the device at each step as a data loader's are.
+    batches = [tuple(torch.from_numpy(np.ascontiguousarray(array[i::args.window])).long()
+                     for array in (inputs["source"], inputs["target"], labels))
+               for i in range(args.window)]
+
+    torch.manual_seed(0)
+    model = peers.torch_transformer(config).to(device)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=device == "cuda")
+    d, warmup = config.d_model, config.warmup_steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # eq. (3), steps counted from 1
+        optimizer, lambda i: d**-0.5 * min((i + 1) ** -0.5, (i + 1) * warmup**-1.5))
+    dtype = {"mixed_bfloat16": torch.bfloat16, "mixed_float16": torch.float16}.get(
+        args.precision)
+    scaler = torch.amp.GradScaler(device, enabled=dtype is torch.float16)
+
+    def training_loss(source, target, labels):
+        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+            logits = model(source, target)
+        return F.cross_entropy(logits.float().reshape(-1, config.vocab_size),
+                               labels.reshape(-1), ignore_index=config.pad_id,
+                               label_smoothing=config.label_smoothing)
+
+    loss_function = torch.compile(training_loss) if args.mode == "compile" else training_loss
+    skipped = 0
+
+    def step(batch):
+        nonlocal skipped
+        source, target, step_labels = (t.to(device, non_blocking=True) for t in batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_function(source, target, step_labels)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        skipped += scaler.is_enabled() and scaler.get_scale() < scale
+        schedule.step()
+        return loss
+
+    common.progress(f"gpu_peer: torch.nn.Transformer ({args.mode}) on {device}, "
+                    f"{args.config if not args.quick else 'tiny (quick)'} config, "
+                    f"{args.precision}, batches of {batch_size} x {args.length}")
+    windows, seconds, losses = args.steps // args.window, [], []
+    for window in range(windows):
+        start = time.perf_counter()
+        total = 0.0
+        for index in range(args.window):
+            total += step(batches[index]).detach()
+        loss = float(total) / args.window  # waits for the window's last step
+        seconds.append(time.perf_counter() - start)
+        losses.append(loss)
+        common.progress(f"  window {window + 1}/{windows}: {seconds[-1]:.2f} s, "
+                        f"{target_tokens * args.window / seconds[-1]:,.0f} target tokens/s, "
+                        f"loss {loss:.4f}")
+    step_time = common.median(seconds[1:]) / args.window
+    achieved = common.training_flops(batch_size, args.length, args.length, config) / step_time
+    achieved /= 1e12
+    finite = all(math.isfinite(loss) for loss in losses)
+    common.emit({
+        "benchmark": "gpu_peer", "model": "torch.nn.Transformer", "mode": args.mode,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__, "config": "tiny (quick)" if args.quick else args.config,
+        "precision": args.precision,
+        "batch_size": batch_size, "length": args.length, "vocab_size": config.vocab_size,
+        "target_tokens_per_step": target_tokens, "steps": args.steps, "window": args.window,
+        "params": sum(p.numel() for p in model.parameters()),
+        "median_step_s": step_time, "first_window_s": seconds[0],
+        "tokens_per_s": target_tokens / step_time, "achieved_tflops": achieved,
+        "peak_tflops": args.peak_tflops,
+        "mfu": achieved / args.peak_tflops if args.peak_tflops else None,
+        "peak_gpu_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
+                               if device == "cuda" else None),
+        "window_losses": losses, "loss_finite": finite,
+        "loss_decreased": finite and losses[-1] < losses[0], "skipped_steps": int(skipped),
+        "ids": args.id_frequencies or "zipf 1.1", "quick": args.quick, "skipped": False,
+    })
+    if not finite:
+        sys.exit("error: the loss became NaN or infinite")
+
+
+if __name__ == "__main__":
+    main()

@@ -52,9 +52,9 @@ def build_keras_hub(config):
 
 def torch_transformer(config):
     """Our configuration as a `torch.nn.Module` around `torch.nn.Transformer`:
-    `module(source, target)` gives (batch, T, vocab) logits. A query row that
-    is all padding attends to every key, as ours does, rather than to none
-    (which gives NaN)."""
+    `module(source, target)` gives (batch, T, vocab) logits. A row that is all
+    padding attends to every key, as ours does, so that both models compute the
+    same thing on the padding row of gpu.py's batches."""
     import numpy as np
     import torch
 

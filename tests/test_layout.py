@@ -1,0 +1,135 @@
+"""How the code base reads (STYLE.md): short modules with one job, imports that
+flow one way from the outer rings to the inner ones, no import cycle, and
+docstrings that explain rather than record measurements."""
+
+import ast
+import glob
+import os
+import re
+
+import keras
+import pytest
+from helpers import REPOSITORY
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
+                                reason="reads source files, not the backend: runs once")
+
+PACKAGE = "keras_transformer"
+
+# The rings, innermost first: a package may import from its own ring and the
+# rings inside it, never from one outside.
+RINGS = [
+    {"validation", "config", "backend", "logs"},
+    {"layers"},
+    {"model", "id_checks"},
+    {"tokenizers", "run_files", "distribution"},
+    {"inference", "evaluation"},
+    {"training", "plots"},
+    {"cli"},
+]
+
+
+def python_files(*folders):
+    return sorted(path for folder in folders
+                  for path in glob.glob(os.path.join(REPOSITORY, folder, "**", "*.py"),
+                                        recursive=True))
+
+
+def module_name(path):
+    name = os.path.relpath(path, REPOSITORY)[:-3].replace(os.sep, ".")
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def imported_modules(path, known):
+    """The package's modules that `path` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in known else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith(PACKAGE)}
+    return found
+
+
+def import_graph():
+    paths = {module_name(path): path for path in python_files(PACKAGE)}
+    return {name: imported_modules(path, paths) - {name} for name, path in paths.items()}
+
+
+def first_cycle(graph):
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if state.get(other) == "open":
+                return stack[stack.index(other):] + [other]
+            if other not in state and (cycle := visit(other)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def part(module):
+    """keras_transformer.inference.beam -> "inference"; the root package -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def ring(module):
+    return next(i for i, names in enumerate(RINGS) if part(module) in names)
+
+
+@pytest.mark.parametrize("folder, most", [(PACKAGE, 450), ("benchmarks", 450), ("recipes", 150)])
+def test_modules_are_short(folder, most):
+    long = {os.path.relpath(path, REPOSITORY): lines for path in python_files(folder)
+            if (lines := sum(1 for _ in open(path, encoding="utf-8"))) > most}
+    assert long == {}
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    graph = import_graph()
+    assert first_cycle(graph) is None
+    packages = {}
+    for module, imported in graph.items():
+        for other in imported:
+            if part(module) and part(other) and part(module) != part(other):
+                packages.setdefault(part(module), set()).add(part(other))
+    assert first_cycle(packages) is None
+
+
+def test_imports_flow_from_the_outer_rings_to_the_inner_ones():
+    every = set().union(*RINGS)
+    graph = import_graph()
+    assert {part(module) for module in graph} - {None} <= every, "a package without a ring"
+    inward = [(module, other) for module, imported in graph.items() if part(module)
+              for other in imported if part(other) and ring(other) > ring(module)]
+    assert inward == []
+
+
+def test_the_layers_use_keras_ops_and_no_backend_directly():
+    for path in python_files(os.path.join(PACKAGE, "layers")):
+        imports = {alias.name.split(".")[0] for node in ast.walk(ast.parse(open(path).read()))
+                   if isinstance(node, (ast.Import, ast.ImportFrom))
+                   for alias in (node.names if isinstance(node, ast.Import)
+                                 else [ast.alias(node.module or "")])}
+        assert not imports & {"torch", "jax", "tensorflow"}, path
+
+
+def test_docstrings_carry_no_measurements():
+    """Figures and their history live in docs/ and benchmarks/RESULTS.md."""
+    pattern = re.compile(r"RESULTS\.md|\b202\d-\d\d-\d\d\b|\d ?(ms|µs)\b")
+    found = [f"{os.path.relpath(path, REPOSITORY)}:{number}: {line.strip()}"
+             for path in python_files(PACKAGE)
+             for number, line in enumerate(open(path, encoding="utf-8"), 1)
+             if pattern.search(line)]
+    assert found == []

@@ -135,10 +135,8 @@ def window_timer(steps_per_window, tokens_per_step, total_windows):
     return _WindowTimer()
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_options(parser, steps=300, window=25):
+    """The options of the model and its batches, which gpu_peer.py shares."""
     parser.add_argument("--config", choices=("base", "big"), default="base")
     parser.add_argument("--precision", choices=("mixed_bfloat16", "mixed_float16", "float32"),
                         default="mixed_bfloat16", help="Keras dtype policy")
@@ -152,30 +150,22 @@ def main(argv=None):
                         help="draw the ids from these counts per id (a .npy that "
                              "benchmarks/id_frequencies.py writes from a real corpus) instead "
                              "of a Zipf law; the vocabulary is then their length")
-    parser.add_argument("--peers", default="", metavar="MODES",
-                        help="after our run, train torch.nn.Transformer on the same batches in "
-                             "plain PyTorch (benchmarks/gpu_peer.py), each of these comma-"
-                             "separated modes in its own process: eager, compile")
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps in all")
-    parser.add_argument("--window", type=int, default=25,
-                        help="steps per timed window (a Keras epoch); the first compiles")
+    parser.add_argument("--steps", type=int, default=steps, help="optimizer steps in all")
+    parser.add_argument("--window", type=int, default=window,
+                        help="steps per timed window; the first compiles")
     parser.add_argument("--dropout", type=float, default=None,
                         help="override the config's dropout rate (0.1 base, 0.3 big)")
-    parser.add_argument("--steps-per-execution", type=int, default=1,
-                        help="Keras's compile(steps_per_execution=...): steps per device call")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense peak TFLOP/s for this precision; gives MFU")
-    parser.add_argument("--flash-attention", choices=("auto", "on", "off"), default="auto",
-                        help="keras.config.enable/disable_flash_attention (auto: Keras decides)")
-    parser.add_argument("--check-attention", action="store_true",
-                        help="also report which kernel ran the attention (see above)")
-    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                        help="after fit, profile STEPS train_on_batch steps (see profile_steps)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and a few steps, to check that the script runs")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="run without a GPU, only to check the script (figures meaningless)")
-    args = parser.parse_args(argv)
+
+
+def check_run_options(parser, args):
+    """Checks the options of `add_run_options` (tiny sizes with --quick) and
+    returns the id counts of --id-frequencies, or None."""
     if args.quick:
         args.tokens_per_batch, args.length, args.vocab_size = 64, 8, 200
         args.steps, args.window = 6, 2
@@ -187,19 +177,52 @@ def main(argv=None):
         parser.error("--steps must give at least two windows: the first one compiles")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         parser.error("--peak-tflops must be positive")
-    if args.profile < 0:
-        parser.error("--profile must be >= 0")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         parser.error("--dropout must be in [0, 1)")
+    if not args.id_frequencies:
+        return None
+    frequencies = np.load(args.id_frequencies)
+    args.vocab_size = len(frequencies)
+    return frequencies
+
+
+def run_config(args):
+    """The `TransformerConfig` that the options name (`tiny` with --quick)."""
+    from keras_transformer.config import TransformerConfig
+
+    overrides = {} if args.dropout is None else {"dropout_rate": args.dropout}
+    if args.quick:
+        return TransformerConfig.tiny(args.vocab_size, **overrides)
+    preset = TransformerConfig.big if args.config == "big" else TransformerConfig.base
+    return preset(args.vocab_size, max_length=max(256, args.length), **overrides)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_options(parser)
+    parser.add_argument("--peers", default="", metavar="MODES",
+                        help="after our run, train torch.nn.Transformer on the same batches in "
+                             "plain PyTorch (benchmarks/gpu_peer.py), each of these comma-"
+                             "separated modes in its own process: eager, compile")
+    parser.add_argument("--steps-per-execution", type=int, default=1,
+                        help="Keras's compile(steps_per_execution=...): steps per device call")
+    parser.add_argument("--flash-attention", choices=("auto", "on", "off"), default="auto",
+                        help="keras.config.enable/disable_flash_attention (auto: Keras decides)")
+    parser.add_argument("--check-attention", action="store_true",
+                        help="also report which kernel ran the attention (see above)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after fit, profile STEPS train_on_batch steps (see profile_steps)")
+    args = parser.parse_args(argv)
+    frequencies = check_run_options(parser, args)
+    if args.profile < 0:
+        parser.error("--profile must be >= 0")
     if args.steps_per_execution < 1 or args.window % args.steps_per_execution:
         parser.error("--steps-per-execution must be positive and divide --window")
     peers = [mode for mode in args.peers.split(",") if mode]
     if set(peers) - set(PEER_MODES):
         parser.error(f"--peers takes {', '.join(PEER_MODES)}, got {args.peers!r}")
-    frequencies = None
-    if args.id_frequencies:
-        frequencies = np.load(args.id_frequencies)
-        args.vocab_size = len(frequencies)
     if peers:
         # Our process keeps only the GPU memory it uses, so that the peers'
         # processes, which run after it, have the rest.
@@ -224,11 +247,8 @@ def main(argv=None):
          else keras.config.disable_flash_attention)()
     keras.config.set_dtype_policy(args.precision)
 
-    preset = kt.TransformerConfig.big if args.config == "big" else kt.TransformerConfig.base
-    overrides = {} if args.dropout is None else {"dropout_rate": args.dropout}
-    config = preset(args.vocab_size, max_length=max(256, args.length), **overrides)
+    config = run_config(args)
     if args.quick:
-        config = kt.TransformerConfig.tiny(args.vocab_size, **overrides)
         args.config = "tiny (quick)"
     batch_size = args.tokens_per_batch // args.length
     windows = args.steps // args.window

@@ -42,50 +42,22 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=MODES, default="eager",
                         help="eager PyTorch, or the loss function under torch.compile")
-    parser.add_argument("--config", choices=("base", "big"), default="base")
-    parser.add_argument("--precision", choices=("mixed_bfloat16", "mixed_float16", "float32"),
-                        default="mixed_bfloat16", help="autocast dtype (as gpu.py's policy)")
-    parser.add_argument("--tokens-per-batch", type=int, default=25000)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--vocab-size", type=int, default=37000)
-    parser.add_argument("--id-frequencies", metavar="NPY", help="as gpu.py's")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--window", type=int, default=25)
-    parser.add_argument("--dropout", type=float, default=None)
-    parser.add_argument("--peak-tflops", type=float, default=None)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, to check the script")
-    parser.add_argument("--allow-cpu", action="store_true",
-                        help="run without a GPU, only to check the script")
+    gpu.add_run_options(parser)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.tokens_per_batch, args.length, args.vocab_size = 64, 8, 200
-        args.steps, args.window = 6, 2
-    if args.steps % args.window or args.steps // args.window < 2:
-        parser.error("--steps must be a multiple of --window, at least two windows")
-    return args
+    return args, gpu.check_run_options(parser, args)
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args, frequencies = parse_args(argv)
     import torch
     import torch.nn.functional as F
-
-    from keras_transformer.config import TransformerConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.allow_cpu:
         common.emit({"benchmark": "gpu_peer", "mode": args.mode, "skipped": True,
                      "reason": "no GPU visible to torch"})
         return
-    frequencies = None
-    if args.id_frequencies:
-        frequencies = np.load(args.id_frequencies)
-        args.vocab_size = len(frequencies)
-    overrides = {} if args.dropout is None else {"dropout_rate": args.dropout}
-    preset = TransformerConfig.big if args.config == "big" else TransformerConfig.base
-    config = preset(args.vocab_size, max_length=max(256, args.length), **overrides)
-    if args.quick:
-        config = TransformerConfig.tiny(args.vocab_size, **overrides)
+    config = gpu.run_config(args)
     batch_size = args.tokens_per_batch // args.length
     inputs, labels = gpu.copy_batches(args.window, batch_size, args.length, config.vocab_size,
                                       frequencies=frequencies)

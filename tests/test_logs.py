@@ -1,8 +1,10 @@
 """Quiet command lines (keras_transformer/logs.py): which processes are
 quieted, what is set aside, and what still reaches the user."""
 
+import io
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -22,26 +24,37 @@ once = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
 
 @pytest.mark.parametrize("argv0, expected", [
     ("/venv/bin/keras-transformer", True),
-    (os.path.join(REPOSITORY, "keras_transformer", "cli.py"), True),
-    (os.path.join(REPOSITORY, "recipes", "quickstart.py"), True),  # python -m recipes.quickstart
+    (os.path.join(REPOSITORY, "recipes", "quickstart.py"), True),
     (os.path.join(REPOSITORY, "benchmarks", "serving.py"), True),
     ("/venv/bin/pytest", False),
     ("-c", False),
     ("", False),
     ("/home/me/notebook/recipes", False),
+    # A program of the user's in a folder of the same name is not ours.
+    ("/home/me/recipes/train.py", False),
+    ("/home/me/benchmarks/serving.py", False),
 ])
-def test_only_the_projects_command_lines_are_quieted(argv0, expected):
+def test_only_the_projects_command_lines_are_recognised(argv0, expected):
     assert logs.started_as_command_line([argv0, "--flag"]) is expected
 
 
-@pytest.mark.parametrize("module, expected", [
-    ("keras_transformer.cli", True), ("recipes.quickstart", True), ("benchmarks.serving", True),
-    ("pytest", False), ("keras_transformer.inference", False),
+class Package:
+    def __init__(self, *folders):
+        self.__path__ = list(folders)
+
+
+@pytest.mark.parametrize("module, packages, expected", [
+    ("keras_transformer.cli", {}, True),
+    ("recipes.quickstart", {"recipes": Package(os.path.join(REPOSITORY, "recipes"))}, True),
+    ("benchmarks.serving", {"benchmarks": Package(os.path.join(REPOSITORY, "benchmarks"))},
+     True),
+    ("recipes.train", {"recipes": Package("/home/me/project/recipes")}, False),
+    ("pytest", {}, False), ("keras_transformer.inference", {}, False),
 ])
-def test_python_dash_m_is_read_from_the_original_command_line(module, expected):
+def test_python_dash_m_is_read_from_the_original_command_line(module, packages, expected):
     # While `python -m` imports the module's packages, sys.argv[0] is "-m".
     original = ["python", "-X", "utf8", "-m", module, "plot"]
-    assert logs.started_as_command_line(["-m", "plot"], original) is expected
+    assert logs.started_as_command_line(["-m", "plot"], original, packages) is expected
 
 
 def run_python(code, **environment):
@@ -58,17 +71,18 @@ def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
         "    os.write(2, b'native noise\\n')\n"
         "print('after', file=sys.stderr)\n"
         "try:\n"
-        "    with stderr_set_aside(tail_bytes=12):\n"
-        "        os.write(2, b'early lines, then the cause\\n')\n"
+        "    with stderr_set_aside(tail_bytes=20):\n"
+        "        os.write(2, b'early lines\\nthen the cause\\n')\n"
         "        raise RuntimeError('failed')\n"
         "except RuntimeError:\n"
         "    pass\n"
     )
-    result = run_python(code, KERAS_TRANSFORMER_NATIVE_LOGS="1")
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert "native noise" not in result.stderr
     assert "after" in result.stderr  # stderr is back after the block
-    assert "the cause" in result.stderr and "early lines" not in result.stderr
+    # The last 20 bytes, from the start of the first whole line among them.
+    assert "then the cause" in result.stderr and "lines" not in result.stderr
 
 
 @once
@@ -122,3 +136,69 @@ def test_bleu_force_turns_the_tokenized_text_warning_off(caplog):
     with caplog.at_level(logging.WARNING, logger="sacrebleu"):
         bleu_scores(hypotheses, hypotheses, force=True)
     assert not [r for r in caplog.records if r.name == "sacrebleu"]
+
+
+LIBRARY_USE = (
+    "from keras_transformer.tokenizers import SubwordTokenizer\n"
+    "from keras_transformer.training.data import synthetic_translation\n"
+    "pairs = synthetic_translation(200, seed=0)\n"
+    "SubwordTokenizer.train(pairs.sources + pairs.targets, vocab_size=200)\n"
+    "print('trained')\n"
+)
+# A native log line: absl's prefix (I0000 00:00:... file.cc:12]), or its notice.
+NATIVE_LINE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog", re.MULTILINE)
+
+
+def environment(**variables):
+    """The test's environment without the log settings, with `variables`."""
+    unset = ("TF_CPP_MIN_LOG_LEVEL", logs.NATIVE_LOGS_VARIABLE)
+    return {**{k: v for k, v in os.environ.items() if k not in unset}, **variables}
+
+
+@once
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_library_use_hides_native_lines_unless_asked_for(backend):
+    # TensorFlow loads at `import keras_transformer` under its backend, at the
+    # tokenizer's first use under JAX; SentencePiece's trainer logs either way.
+    quiet = subprocess.run([sys.executable, "-c", LIBRARY_USE], capture_output=True, text=True,
+                           timeout=300, env=environment(KERAS_BACKEND=backend))
+    assert quiet.returncode == 0 and quiet.stdout == "trained\n", quiet.stderr
+    assert not NATIVE_LINE.search(quiet.stderr), quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", LIBRARY_USE], capture_output=True, text=True,
+                          timeout=300, env=environment(KERAS_BACKEND=backend,
+                                                       KERAS_TRANSFORMER_NATIVE_LOGS="1"))
+    assert loud.returncode == 0, loud.stderr
+    assert "trainer_interface.cc" in loud.stderr  # SentencePiece's
+
+
+@once
+@pytest.mark.parametrize("code", [
+    "import tensorflow\nimport keras_transformer\n",
+    "import keras_transformer\nimport tensorflow\n",
+])
+def test_a_program_that_imports_tensorflow_itself_keeps_its_settings(code):
+    code += "import os\nprint(os.environ.get('TF_CPP_MIN_LOG_LEVEL', 'unset'))\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env=environment(KERAS_BACKEND="jax"))
+    # (TensorFlow's import sets a level of its own; the quiet one is 3.)
+    assert result.returncode == 0 and result.stdout.strip() != "3", result.stderr
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("stderr, drawn", [(io.StringIO, False), (Terminal, True)])
+def test_progress_bars_go_to_a_terminal_stderr_only(stderr, drawn, monkeypatch):
+    out, err = io.StringIO(), stderr()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    with logs.progress_bars_on_stderr():
+        keras.utils.Progbar(2, verbose=1).update(2)  # a bar, with colour codes
+        keras.utils.Progbar(2, verbose=2).update(2)  # one plain line
+        print("result")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("2/2 - ") and lines[1] == "result"
+    assert ("\x1b[" in err.getvalue()) is drawn
+    assert "\x1b[" not in out.getvalue() and "\b" not in out.getvalue()

@@ -24,8 +24,9 @@ earlier, and a SentencePiece tokenizer made before it fails inside tf.data.
 
 import json
 import os
+import re
 
-from keras_transformer.logs import stderr_set_aside
+from keras_transformer.logs import hidden_native_lines
 from keras_transformer.validation import check_choice, check_positive_int
 
 KINDS = ("sentencepiece", "wordpiece")
@@ -103,13 +104,19 @@ class SubwordTokenizer:
             texts: Iterable of training sentences (source and target sentences
                 together for a shared vocabulary).
             vocab_size: Vocabulary size including the four special tokens.
-                SentencePiece needs it to be reachable from the data; WordPiece
-                may return fewer tokens on small corpora.
+                SentencePiece needs it to be reachable from the data (a
+                ValueError names the largest size that is); WordPiece may
+                return fewer tokens on small corpora.
             kind: "sentencepiece" (BPE) or "wordpiece".
             lowercase: Whether to lowercase text first.
 
         Returns:
             A `SubwordTokenizer`.
+
+        Raises:
+            ValueError: No text, a `vocab_size` of 4 or less, or, for
+                SentencePiece, a `vocab_size` above what `texts` can give: the
+                message names the largest size that works.
         """
         import keras_hub
 
@@ -124,11 +131,24 @@ class SubwordTokenizer:
                 f"{special} special tokens."
             )
         if kind == "sentencepiece":
-            # SentencePiece's trainer prints hundreds of lines of C++ logging.
-            with stderr_set_aside(tail_bytes=4000):
-                proto = keras_hub.tokenizers.compute_sentence_piece_proto(
-                    _text_dataset(texts), vocab_size, model_type="bpe", lowercase=lowercase
-                )
+            # SentencePiece's trainer prints hundreds of lines of C++ logging, shown
+            # (their end) only if it fails for another reason than the size.
+            largest = None
+            with hidden_native_lines(tail_bytes=4000):
+                try:
+                    proto = keras_hub.tokenizers.compute_sentence_piece_proto(
+                        _text_dataset(texts), vocab_size, model_type="bpe",
+                        lowercase=lowercase)
+                except RuntimeError as error:
+                    largest = _largest_vocabulary(error)
+                    if largest is None:
+                        raise
+            if largest is not None:
+                raise ValueError(
+                    f"vocab_size={vocab_size} is more than SentencePiece can learn from "
+                    f"these {len(texts):,} sentences: at most {largest} tokens, the special "
+                    f"ones included. Lower it (a recipe's --vocab-size) to {largest} or "
+                    "less, or train on more text.")
             return cls("sentencepiece", proto, lowercase=lowercase)
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
             _text_dataset(texts), vocab_size, lowercase=lowercase,
@@ -260,6 +280,14 @@ class SubwordTokenizer:
                 f"{_CONFIG_FILE} says {config['vocab_size']}: the files do not belong together."
             )
         return tokenizer
+
+
+def _largest_vocabulary(error):
+    """The largest vocabulary size SentencePiece's "Vocabulary size too high" error
+    names, or None for another error."""
+    match = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
+                      str(error))
+    return int(match.group(1)) if match else None
 
 
 def _to_python(values):

@@ -133,3 +133,17 @@ def test_corrupted_vocabulary_is_reported_as_such(tmp_path):
     (tmp_path / "sentencepiece.model").write_bytes(b"not a protobuf")
     with pytest.raises(ValueError, match="missing or corrupted"):
         SubwordTokenizer.load(str(tmp_path))
+
+
+def test_a_vocabulary_too_large_for_the_text_names_the_size_that_works(capfd):
+    """The size the message names trains, the one above it is refused, and none of
+    SentencePiece's log lines is shown."""
+    corpus = synthetic_translation(60, seed=0)
+    with pytest.raises(ValueError, match=r"at most (\d+) tokens") as error:
+        SubwordTokenizer.train(corpus.sources, 5000)
+    largest = int(error.value.args[0].split("at most ")[1].split()[0])
+    assert "--vocab-size" in str(error.value)
+    assert SubwordTokenizer.train(corpus.sources, largest).vocab_size == largest
+    with pytest.raises(ValueError, match=f"at most {largest} tokens"):
+        SubwordTokenizer.train(corpus.sources, largest + 1)
+    assert "trainer_interface" not in capfd.readouterr().err

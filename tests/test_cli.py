@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import keras
 import pytest
@@ -50,9 +51,9 @@ def command_line(loaded, monkeypatch):
 
     monkeypatch.setattr(commands, "load_translator", translator)
 
-    def run(argv, stdin="", stdout=None):
+    def run(argv, stdin="", stdout=None, stderr=None):
         stdout = io.StringIO() if stdout is None else stdout
-        stderr = io.StringIO()
+        stderr = io.StringIO() if stderr is None else stderr
         with monkeypatch.context() as patch:
             patch.setattr(sys, "stdin", io.StringIO(stdin) if isinstance(stdin, str) else stdin)
             patch.setattr(sys, "stdout", stdout)
@@ -146,33 +147,106 @@ def test_sampling_options_without_sample_are_refused(command_line, monkeypatch):
     assert "--top-p, --seed set(s) sampling: add --sample" in stderr.getvalue()
 
 
-def test_each_batch_is_written_and_flushed_before_more_is_read(command_line):
-    events = []
+class Flushes(io.StringIO):
+    """A stdout that records how many lines it holds at each flush, and lets a
+    test wait for a count."""
 
-    class Stdin(io.StringIO):
-        def readline(self, *args):
-            line = super().readline(*args)
-            if line:
-                events.append("read")
-            return line
+    def __init__(self):
+        super().__init__()
+        self.counts, self.changed = [], threading.Condition()
 
-    class Terminal(Stdin):
-        def isatty(self):
-            return True
+    def flush(self):
+        with self.changed:
+            self.counts.append(self.getvalue().count("\n"))
+            self.changed.notify_all()
 
-    class Stdout(io.StringIO):
-        def flush(self):
-            events.append(f"flush {self.getvalue().count(chr(10))}")  # lines written
+    def wait_for_lines(self, count, timeout):
+        with self.changed:
+            return self.changed.wait_for(lambda: self.counts and self.counts[-1] >= count,
+                                         timeout)
 
+
+def test_a_file_is_translated_in_full_batches(command_line):
     text = "\n".join(LINES) + "\n"
-    command_line(["translate", "run", *SEARCH], stdin=Stdin(text), stdout=Stdout())
-    assert events == ["read", "read", "flush 2", "read", "read", "flush 4", "read", "flush 5"]
-    # At a terminal, each line is translated as soon as it is typed.
-    events.clear()
-    _, err = command_line(["translate", "run", "--beam-size", "2"], stdin=Terminal(text),
-                          stdout=Stdout())
-    assert events == [event for lines in range(1, 6) for event in ("read", f"flush {lines}")]
-    assert "Ctrl-D" in err
+    stdout = Flushes()
+    command_line(["translate", "run", *SEARCH], stdin=text, stdout=stdout)
+    assert stdout.counts == [2, 4, 5]
+
+
+def test_a_pipe_is_answered_line_by_line_as_lines_arrive(command_line):
+    """Three lines written one at a time, each after the answer to the one before:
+    each comes back while the pipe is still open, without waiting for
+    --batch-size (32) lines or for the end of the input."""
+    read_end, write_end = os.pipe()
+    stdout, failures = Flushes(), []
+
+    def translate():
+        try:
+            with os.fdopen(read_end) as stdin:
+                command_line(["translate", "run", "--beam-size", "2"], stdin=stdin,
+                             stdout=stdout)
+        except BaseException as error:  # noqa: BLE001  reported by the test
+            failures.append(error)
+
+    thread = threading.Thread(target=translate)
+    thread.start()
+    try:
+        with os.fdopen(write_end, "w") as writer:
+            for count, line in enumerate(LINES[2:5], start=1):
+                writer.write(line + "\n")
+                writer.flush()
+                assert stdout.wait_for_lines(count, timeout=120), (
+                    f"line {count} not answered while the pipe is open", failures)
+    finally:
+        thread.join(timeout=120)
+    assert not failures and not thread.is_alive()
+    expected, _ = command_line(["translate", "run", "--beam-size", "2", *LINES[2:5]])
+    assert stdout.getvalue() == expected and stdout.counts == [1, 2, 3]
+
+
+def test_a_line_that_is_not_utf8_gets_an_empty_line_and_an_error(command_line):
+    out, err = io.StringIO(), io.StringIO()
+    stdin = io.TextIOWrapper(io.BytesIO(b"kave tomi\nka\xe9ve\n\nsipe\n"))
+    with pytest.raises(SystemExit) as exit_info:
+        command_line(["translate", "run", *SEARCH], stdin=stdin, stdout=out, stderr=err)
+    assert exit_info.value.code == 2
+    # The good lines are translated, the bad one's line is empty like an empty line's.
+    good, _ = command_line(["translate", "run", *SEARCH], stdin="kave tomi\n\n\nsipe\n")
+    assert out.getvalue() == good and len(good.splitlines()) == 4
+    assert err.getvalue() == ("error: line 2: byte 0xe9 at offset 2 is not valid UTF-8; its "
+                              "output line is left empty\n")
+
+
+def test_a_sentence_argument_that_is_not_utf8_gets_the_same_message(command_line):
+    # sys.argv keeps the bytes it cannot decode as surrogate escapes.
+    sentence = b"ka\xe9ve".decode("utf-8", "surrogateescape")
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as exit_info:
+        command_line(["translate", "run", "kave tomi", sentence, *SEARCH], stdout=out,
+                     stderr=err)
+    assert exit_info.value.code == 2
+    good, _ = command_line(["translate", "run", "kave tomi", *SEARCH])
+    assert out.getvalue() == good + "\n"
+    assert err.getvalue() == ("error: sentence 2: byte 0xe9 at offset 2 is not valid UTF-8; "
+                              "its output line is left empty\n")
+
+
+def test_options_may_come_anywhere_among_the_sentences(command_line):
+    last, _ = command_line(["translate", "run", "kave tomi", "sipe", "--n-best", "2",
+                            "--beam-size", "2"])
+    between, _ = command_line(["translate", "run", "--n-best", "2", "kave tomi",
+                               "--beam-size", "2", "sipe"])
+    assert between == last and len(last.splitlines()) == 4
+
+
+def test_a_translate_mistake_shows_translates_usage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["translate", "run", "--n-best", "5", "kave", "--bogus"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: keras-transformer translate ")
+    assert err.strip().splitlines()[-1] == ("keras-transformer translate: error: unrecognized "
+                                            "arguments: --bogus")
 
 
 def test_over_long_lines_are_truncated_with_a_warning_naming_the_line(command_line):
@@ -282,3 +356,72 @@ def test_an_unknown_backend_name_is_one_line_not_a_traceback(command):
         "error: KERAS_BACKEND='tensorflw' is not a backend keras-transformer runs on: set it "
         "to one of tensorflow, jax, torch (or unset it for Keras's default)."
     ]
+
+
+def test_a_terminal_is_told_how_to_end(command_line):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    out, err = command_line(["translate", "run", *SEARCH], stdin=Terminal("kave\n"))
+    assert len(out.splitlines()) == 1 and "Ctrl-D" in err
+
+
+def test_serve_help_shows_the_port_and_host_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 8501)" in text and "(default: 127.0.0.1)" in text
+
+
+def test_average_warns_of_missing_checkpoints_and_keeps_an_existing_output(tmp_path, capsys):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    kt.Transformer(kt.TransformerConfig.tiny(vocab_size=12)).save(
+        checkpoints / "step-0000001.keras")
+    cli.main(["average", "--run-dir", str(tmp_path), "--last", "5"])
+    out, err = capsys.readouterr()
+    averaged = tmp_path / "model_averaged.keras"
+    assert out.strip() == f"Averaged 1 checkpoint into {averaged}"
+    assert err.strip() == (f"warning: --last 5 asks for 5 checkpoints, but {checkpoints} holds "
+                           "1: averaging 1")
+    written = averaged.stat().st_mtime_ns
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["average", "--run-dir", str(tmp_path), "--last", "1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {averaged} exists: add --force to replace it, or give another --output.")
+    assert averaged.stat().st_mtime_ns == written
+    cli.main(["average", "--run-dir", str(tmp_path), "--last", "1", "--force"])
+    assert averaged.stat().st_mtime_ns != written
+
+
+def test_a_compiled_model_loads_without_keras_compile_warning(tmp_path, recwarn):
+    from keras_transformer.training.run import compile_model
+
+    config = kt.TransformerConfig.tiny(vocab_size=12)
+    model = kt.Transformer(config)
+    compile_model(model, config)
+    model.save(tmp_path / "model.keras")
+    run_files.load_model(str(tmp_path / "model.keras"))
+    assert not [w for w in recwarn if "compile()" in str(w.message)]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="about the environment, not the backend: runs in the tensorflow pass")
+def test_evaluate_redirected_to_a_file_writes_only_results(run_dir, tmp_path):
+    corpus = synthetic_translation(3, seed=9)
+    (tmp_path / "test.src").write_text("\n".join(corpus.sources) + "\n")
+    (tmp_path / "test.ref").write_text("\n".join(corpus.targets) + "\n")
+    with open(tmp_path / "out.txt", "w") as out:
+        result = subprocess.run(
+            ["keras-transformer", "evaluate", str(run_dir), "--source", str(tmp_path / "test.src"),
+             "--reference", str(tmp_path / "test.ref"), "--beam-size", "1"],
+            cwd=REPOSITORY, stdout=out, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (tmp_path / "out.txt").read_text()
+    assert not re.search(r"[\x1b\b\r]", text), repr(text)
+    lines = text.splitlines()
+    assert lines[0].startswith("BLEU ") and lines[1].startswith("BLEU lower-cased")
+    assert lines[2].startswith("3 sentences in ") and len(lines) == 3
+    assert not re.search(r"[\x1b\b\r]", result.stderr)  # stderr is no terminal either

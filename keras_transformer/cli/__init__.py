@@ -32,7 +32,7 @@ def main(argv=None):
     from keras_transformer import logs
 
     logs.quiet_native_logs(args.native_logs)
-    with errors.user_errors():
+    with errors.command_line():
         args.run(args)
 
 

@@ -1,25 +1,19 @@
 """The commands of `keras-transformer`: each parses nothing, calls the library and prints.
 
-§6.1 decoding (translate, evaluate), the paper's figures (plot), checkpoint averaging
-(§6.1, average), and the outer ring's export and serving. `parser.py` builds their
-options and sets each as its subcommand's `run`; the library raises, and
-`errors.user_errors` turns what a user can fix into one line.
+§6.1 decoding (evaluate; translate, which streams, is `translate.py`), the paper's
+figures (plot), checkpoint averaging (§6.1, average), and the outer ring's export and
+serving. `parser.py` builds their options and sets each as its subcommand's `run`; the
+library raises, and `errors.user_errors` turns what a user can fix into one line.
 
 A MODEL argument is a `.keras` file with its tokenizer beside it, or a run directory (its
 `model.keras`; name `RUN_DIR/model_averaged.keras` for the averaged model, see
 `keras_transformer.run_files`).
 """
 
-import itertools
 import os
-import re
 import sys
-import warnings
 
 from keras_transformer.cli import errors
-
-# Lines translated together when reading a file or a pipe.
-BATCH_SIZE = 32
 
 
 def load_translator(path, max_source_length=None):
@@ -48,94 +42,6 @@ def sampling_options(args):
     return Sampling(**{name: getattr(defaults, name) if getattr(args, name) is None
                        else getattr(args, name)
                        for name in ("temperature", "top_k", "top_p", "seed")})
-
-
-def translate(args):
-    """`keras-transformer translate`: the SENTENCES given, or standard input line by line."""
-    sampling = sampling_options(args)
-    if sampling is None and args.n_best is not None and args.n_best > args.beam_size:
-        raise ValueError(f"--n-best {args.n_best} is more than --beam-size {args.beam_size}: "
-                         "beam search keeps beam-size hypotheses, so raise --beam-size.")
-    translator = load_translator(args.model, args.max_source_length)
-    batch_size = args.batch_size or BATCH_SIZE
-    if args.sentences:
-        lines, unit = iter(args.sentences), "sentence"
-    else:
-        # Read at call time, so that a caller (or a test) may replace sys.stdin.
-        stdin, unit = sys.stdin, "line"
-        if _is_terminal(stdin):
-            # Someone types: translate each line as it is entered.
-            batch_size = args.batch_size or 1
-            print("Translating each line typed; end with Ctrl-D.", file=sys.stderr)
-        lines = _stream_lines(stdin)
-    search = dict(beam_size=args.beam_size, alpha=args.alpha, sampling=sampling,
-                  return_alignment=args.print_alignment)
-    _write_translations(translator, lines, sys.stdout, batch_size, args.n_best, search, unit)
-
-
-def _is_terminal(stream):
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
-
-
-def _stream_lines(stream):
-    """The lines of `stream` as they arrive (`readline`, no read-ahead), each
-    without its line ending ("\n" or "\r\n"), nothing else stripped."""
-    for line in iter(stream.readline, ""):
-        if line.endswith("\r\n"):
-            line = line[:-2]
-        elif line.endswith("\n"):
-            line = line[:-1]
-        yield line
-
-
-def _write_translations(translator, lines, out, batch_size, n_best, search, unit):
-    """Reads `batch_size` lines at a time, translates them, writes one line
-    per line read (`n_best` lines in the n-best format) and flushes `out`
-    before reading on. Empty lines are not decoded. With
-    `search["return_alignment"]`, each translation is followed by a tab and
-    its alignment."""
-    from keras_transformer.inference.translator import (
-        Hypothesis,
-        SourceTruncatedWarning,
-        Translation,
-    )
-
-    num_return = n_best or 1
-    aligned = search.get("return_alignment", False)
-    first = 0  # the input number of the batch's first line
-    while batch := list(itertools.islice(lines, batch_size)):
-        rows = [row for row, line in enumerate(batch) if line]
-        with warnings.catch_warnings():
-            # Said below, with the input's own line numbers.
-            warnings.simplefilter("ignore", SourceTruncatedWarning)
-            # Input line numbers name the random streams of sampling, so a
-            # line's samples do not depend on --batch-size.
-            results = translator.translate(
-                [batch[row] for row in rows], batch_size=batch_size, num_return=num_return,
-                stream_ids=[first + row for row in rows], **search)
-        translations = [Translation([Hypothesis("", 0.0, [], [])] * num_return)] * len(batch)
-        for row, result in zip(rows, results):
-            translations[row] = result
-            if result.truncated:
-                print(f"warning: {unit} {first + row + 1} is longer than max_source_length="
-                      f"{translator.max_source_length} (tokens + EOS); it was translated "
-                      "truncated to it", file=sys.stderr)
-        for index, result in enumerate(translations, start=first):
-            for hypothesis in result.hypotheses:
-                fields = [] if n_best is None else [str(index), f"{hypothesis.score:.4f}"]
-                fields.append(_one_line(hypothesis.text))
-                if aligned:
-                    fields.append(" ".join(f"{source}-{target}" for target, source
-                                           in enumerate(hypothesis.alignment)))
-                out.write("\t".join(fields) + "\n")
-        out.flush()
-        first += len(batch)
-
-
-def _one_line(text):
-    """`text` with any line break replaced by a space: one output line per input."""
-    return re.sub(r"[\r\n]+", " ", text)
 
 
 def evaluate(args):
@@ -178,7 +84,9 @@ def plot(args):
 
 
 def average(args):
-    """`keras-transformer average`: checkpoint averaging (§6.1)."""
+    """`keras-transformer average`: checkpoint averaging (§6.1). Warns when the run
+    holds fewer checkpoints than --last, and refuses to replace an existing output
+    without --force."""
     from keras_transformer import run_files
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.fit import list_checkpoints
@@ -189,10 +97,17 @@ def average(args):
         paths = list_checkpoints(checkpoints)[-args.last:]
         if not paths:
             raise FileNotFoundError(f"No step-*.keras checkpoints in {checkpoints}.")
+        if len(paths) < args.last:
+            print(f"warning: --last {args.last} asks for {args.last} checkpoints, but "
+                  f"{checkpoints} holds {len(paths)}: averaging {len(paths)}",
+                  file=sys.stderr)
     output = args.output or (run_files.path(args.run_dir, run_files.AVERAGED_MODEL)
                              if args.run_dir else "averaged.keras")
+    if os.path.exists(output) and not args.force:
+        raise FileExistsError(f"{output} exists: add --force to replace it, or give "
+                              "another --output.")
     average_checkpoints(paths, output)
-    print(f"Averaged {len(paths)} checkpoints into {output}")
+    print(f"Averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} into {output}")
 
 
 def export(args):

@@ -1,9 +1,14 @@
 """User mistakes as one line (not a paper section): the error handling of every command line.
 
 The library raises; the command lines (`keras-transformer` and `python -m recipes.NAME`)
-turn what a user can fix (a missing file, a bad value, an unknown backend) into one
-`error: ...` line on stderr and exit status 2, instead of a traceback from deep inside
-Keras. Anything else is a bug and keeps its traceback.
+turn what a user can fix (a missing file, a bad value, an unknown backend, a missing
+optional package) into one `error: ...` line on stderr and exit status 2, instead of a
+traceback from deep inside Keras. Ctrl-C ends a command quietly with status 130, and a
+closed stdout (`| head`) with status 1, as Unix tools do. Anything else is a bug and
+keeps its traceback.
+
+`command_line()` is the context both kinds of command line run in: these errors, and
+Keras's progress bars kept off stdout (`keras_transformer.logs.progress_bars_on_stderr`).
 """
 
 import contextlib
@@ -34,14 +39,25 @@ def check_backend():
 
 @contextlib.contextmanager
 def user_errors():
-    """Runs the block; a user's mistake (`USER_ERRORS`) becomes one `error:` line and
-    exit status 2, a NaN or infinite training loss one line and status 1, and a
-    closed stdout (`| head`) a quiet exit with status 1, as Unix tools do."""
+    """Runs the block; a user's mistake (`USER_ERRORS`, or a missing optional package)
+    becomes one `error:` line and exit status 2, a NaN or infinite training loss one
+    line and status 1, Ctrl-C a quiet exit with status 130 and a closed stdout
+    (`| head`) a quiet exit with status 1, as Unix tools do."""
     try:
         yield
     except BrokenPipeError:
         _discard_stdout()
         sys.exit(1)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # after the ^C the terminal shows
+        sys.exit(130)
+    except ImportError as error:
+        # A package that is not installed (`pip install ...` fixes it); an import
+        # that fails inside this package is a bug.
+        name = error.name or ""
+        if name == "keras_transformer" or name.startswith("keras_transformer."):
+            raise
+        fail(error)
     except USER_ERRORS as error:
         fail(error)
     except RuntimeError as error:
@@ -52,11 +68,21 @@ def user_errors():
         fail(error, status=1)
 
 
+@contextlib.contextmanager
+def command_line():
+    """The context of a command line's work: `user_errors`, with Keras's progress
+    bars on stderr when it is a terminal and nowhere otherwise."""
+    from keras_transformer import logs
+
+    with user_errors(), logs.progress_bars_on_stderr():
+        yield
+
+
 def guarded(main, *args, **kwargs):
-    """`main(*args, **kwargs)` after `check_backend`, inside `user_errors`: how a
+    """`main(*args, **kwargs)` after `check_backend`, inside `command_line`: how a
     recipe runs as a script (`if __name__ == "__main__": errors.guarded(main)`)."""
     check_backend()
-    with user_errors():
+    with command_line():
         return main(*args, **kwargs)
 
 

@@ -9,7 +9,8 @@ command line is parsed, with argparse's one-line usage error and exit status 2.
 
 import argparse
 
-NATIVE_LOGS_HELP = "show TensorFlow's and absl's C++ log lines (hidden by default)"
+NATIVE_LOGS_HELP = ("show the native libraries' log lines (TensorFlow's, absl's, "
+                    "SentencePiece's; hidden by default)")
 
 
 def positive_int(text):

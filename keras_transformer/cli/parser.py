@@ -1,14 +1,17 @@
 """The options of `keras-transformer` (§6.1 decoding options; the rest is the outer ring).
 
 One subcommand per job: translate, evaluate, plot, average, export and serve. Each sets
-`run` to its function in `commands`; the options it shares with the recipes come from
-`options`.
+`run` to its function in `commands` (`translate.run` for translate); the options it
+shares with the recipes come from `options`. A subcommand's options may come anywhere
+among its positionals (`translate MODEL --n-best 4 SENTENCE`), as argparse's
+intermixed parsing reads them, and a mistake is reported with that subcommand's usage.
 """
 
 import argparse
 import functools
 
 from keras_transformer.cli import commands, options
+from keras_transformer.cli import translate as translate_command
 from keras_transformer.cli.options import (
     non_negative_int,
     positive_float,
@@ -20,13 +23,19 @@ from keras_transformer.cli.options import (
 _TRANSLATOR_LIMIT = ("the model's max_length with learned positions, at least 1024 with "
                      "sinusoidal ones")
 
-_TRANSLATE_DESCRIPTION = """\
+_TRANSLATE_DESCRIPTION = f"""\
 Translates the SENTENCES given or, without any, standard input line by line:
-one output line per input line, in order, written and flushed after every
---batch-size lines, so it works in pipes, with paste and with sacrebleu.
-An empty line gives an empty line without running the model. A line longer
-than --max-source-length (tokens + EOS) is translated truncated to it, with a
-warning on stderr. Only the line ending ("\\n" or "\\r\\n") is stripped."""
+one output line per input line, in order, so it works in pipes, with paste
+and with sacrebleu. Lines are translated together in batches of those that
+have arrived within {translate_command.WAIT_MS} ms of a batch's first line, at most
+--batch-size: a file is read in full batches, and a pipe or a terminal is
+answered as its lines arrive. Each batch is written and flushed at once.
+An empty line gives an empty line without running the model. A line that is
+not valid UTF-8 gives an empty line too, and an error on stderr naming the
+line and the byte; the other lines are translated, and the exit status is 2.
+A line longer than --max-source-length (tokens + EOS) is translated
+truncated to it, with a warning on stderr. Only the line ending ("\\n" or
+"\\r\\n") is stripped."""
 
 _TRANSLATE_EPILOG = """\
 --n-best N writes N lines per input, best first:
@@ -51,10 +60,36 @@ and its line number only, so the same command gives the same output.
   keras-transformer translate runs/quickstart --sample --top-p 0.9 --seed 1 < test.src"""
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose options may come anywhere among its positionals
+    (`parse_intermixed_args`, which argparse refuses for a parser with
+    subcommands: those parse as usual and hand the rest to their subcommand's
+    parser)."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._subparsers is not None or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # argparse's intermixed parsing calls back here
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
+def _subcommand(subparsers, name, **kwargs):
+    """A subcommand's parser, which `parse_args` finds as `command_parser` to report
+    a mistake with the subcommand's usage."""
+    parser = subparsers.add_parser(name, **kwargs)
+    parser.set_defaults(command_parser=parser)
+    return parser
+
+
 def build_parser():
     """The `keras-transformer` parser; each subcommand's `run` is its function in
     `commands`."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="keras-transformer",
         description="Translate, evaluate, plot and average with keras-transformer models. "
                     "Train with python -m recipes.NAME.",
@@ -65,7 +100,7 @@ def build_parser():
     native_logs = argparse.ArgumentParser(add_help=False)
     options.add(native_logs, "native_logs", default=argparse.SUPPRESS)
     subcommands = parser.add_subparsers(dest="command", required=True)
-    command = functools.partial(subcommands.add_parser, parents=[native_logs])
+    command = functools.partial(_subcommand, subcommands, parents=[native_logs])
 
     translate = command(
         "translate", help="translate sentences (or stdin lines)",
@@ -74,9 +109,8 @@ def build_parser():
     translate.add_argument("model", help=".keras file or run directory")
     translate.add_argument("sentences", nargs="*",
                            help="sentences; standard input is read line by line if none")
-    translate.add_argument("--batch-size", type=positive_int,
-                           help=f"lines decoded together (default: {commands.BATCH_SIZE}; 1 when "
-                                "standard input is a terminal)")
+    translate.add_argument("--batch-size", type=positive_int, default=translate_command.BATCH_SIZE,
+                           help="most lines decoded together (default: %(default)s)")
     translate.add_argument("--n-best", type=positive_int, metavar="N",
                            help="write the N best hypotheses of each input as "
                                 "INDEX<TAB>SCORE<TAB>TRANSLATION lines (see below); "
@@ -96,7 +130,7 @@ def build_parser():
                           help="keep the most probable tokens up to this mass (default 1: all)")
     sampling.add_argument("--seed", type=non_negative_int, help="random seed (default 0)")
     options.add_max_source_length(translate, _TRANSLATOR_LIMIT)
-    translate.set_defaults(run=commands.translate)
+    translate.set_defaults(run=translate_command.run)
 
     evaluate = command("evaluate", help="translate a test set and report BLEU")
     evaluate.add_argument("model", help=".keras file or run directory")
@@ -112,7 +146,7 @@ def build_parser():
 
     plot = command("plot", help="draw a figure as a PNG file")
     figures = plot.add_subparsers(dest="figure", required=True)
-    figure = functools.partial(figures.add_parser, parents=[native_logs])
+    figure = functools.partial(_subcommand, figures, parents=[native_logs])
     attention = figure("attention", help="encoder, decoder and cross attention "
                                    "of one translated sentence, per layer and head")
     attention.add_argument("model", help=".keras file or run directory")
@@ -144,7 +178,11 @@ def build_parser():
     average.add_argument("--run-dir", help="average this run's newest checkpoints")
     average.add_argument("--last", type=positive_int, default=5,
                          help="with --run-dir: how many of the newest checkpoints")
-    average.add_argument("--output", help="where to write the averaged model")
+    average.add_argument("--output", help="where to write the averaged model (default: "
+                                          "RUN_DIR/model_averaged.keras with --run-dir, else "
+                                          "averaged.keras)")
+    average.add_argument("--force", action="store_true",
+                         help="replace the output if it exists (refused otherwise)")
     average.set_defaults(run=commands.average)
 
     from keras_transformer.inference.ctranslate2_export import QUANTIZATIONS
@@ -190,9 +228,11 @@ def build_parser():
     serve.add_argument("saved_model", help="saved_models/NAME (its highest version is served, "
                                            "new versions are picked up) or a version folder")
     serve.add_argument("--host", default=defaults.host,
-                       help="address to bind; 0.0.0.0 exposes the server to the network")
+                       help="address to bind; 0.0.0.0 exposes the server to the network "
+                            "(default: %(default)s)")
     serve.add_argument("--port", type=int, default=defaults.port,
-                       help="port (TensorFlow Serving's REST default; 0 picks a free one)")
+                       help="port, TensorFlow Serving's REST default; 0 picks a free one "
+                            "(default: %(default)s)")
     serve.add_argument("--name", help="model name in the URL (default: the directory's name)")
     limits = serve.add_argument_group("limits and timeouts")
     for flag, kind, help_text in (
@@ -229,9 +269,12 @@ def build_parser():
 
 
 def parse_args(argv=None):
-    """The parsed command line, with the checks that span several options."""
+    """The parsed command line, with the checks that span several options; a mistake
+    exits with status 2 and the usage of the subcommand it was made in."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "average" and bool(args.checkpoints) == bool(args.run_dir):
-        parser.error("average: give either checkpoint files or --run-dir")
+        args.command_parser.error("give either checkpoint files or --run-dir")
     return args

@@ -88,16 +88,20 @@ class EvaluationResult:
         return "\n".join(lines)
 
 
-def bleu_scores(hypotheses, references, force=False):
+def bleu_scores(hypotheses, references, force=None):
     """Cased 13a sacreBLEU and lower-cased 13a sacreBLEU of a corpus.
 
     Args:
         hypotheses: List of translated strings.
         references: One item per hypothesis: its reference string, or a
             non-empty list of reference strings.
-        force: sacreBLEU's `force`: score text that looks tokenized (many
-            lines ending in " .") without warning that it may be; for a
-            language where " ." is simply a word, like the synthetic task's.
+        force: sacreBLEU's `force`: True scores text that looks tokenized
+            (lines ending in " .") without warning that it may be, False
+            lets sacreBLEU warn when 100 hypotheses or more do. None (the
+            default) warns only when the hypotheses end in " ." more often
+            than the references: where the references do it as often, " ."
+            is a word of the data (as in the synthetic task), not a sign of
+            a detokenization step left out.
 
     Returns:
         `(cased, lowercase)`: two `sacrebleu` BLEU results (`.score` in 0-100),
@@ -113,6 +117,9 @@ def bleu_scores(hypotheses, references, force=False):
 
     _check_parallel(hypotheses, references, "hypotheses")
     per_sentence = [[r] if isinstance(r, str) else list(r) for r in references]
+    if force is None:
+        force = (sum(any(r.endswith(" .") for r in refs) for refs in per_sentence)
+                 >= sum(h.endswith(" .") for h in hypotheses))
     # sacreBLEU takes one stream per reference; None fills the streams of
     # sentences with fewer references.
     streams = [[refs[k] if k < len(refs) else None for refs in per_sentence]
@@ -136,7 +143,7 @@ def evaluate(
     batch_size=32,
     max_output_length=None,
     verbose=1,
-    bleu_force=False,
+    bleu_force=None,
 ):
     """Translates a test set, writes the hypotheses and scores them with BLEU.
 
@@ -153,7 +160,8 @@ def evaluate(
         max_output_length: Most output tokens per sentence; None means its source
             length + 50 (§6.1).
         verbose: 1 shows a progress bar while translating, 0 is silent.
-        bleu_force: `force` of `bleu_scores` (text that looks tokenized).
+        bleu_force: `force` of `bleu_scores` (text that looks tokenized; None
+            warns only where the references do not look so too).
 
     Returns:
         An `EvaluationResult`; `print(result.summary())` shows it.

@@ -7,6 +7,8 @@ shorter than the references (r tokens), else 1. The cases avoid zero
 n-gram counts, where sacreBLEU's smoothing would enter.
 """
 
+import logging
+
 import numpy as np
 import pytest
 from helpers import CharTokenizer, tiny_model
@@ -178,3 +180,20 @@ def test_over_long_sources_are_truncated_and_counted_not_fatal():
                           beam_size=1, max_output_length=3)
     assert result.num_truncated == 1 and len(result.hypotheses) == 2
     assert "1 source(s) truncated" in result.summary()
+
+
+@pytest.mark.parametrize("references_end_in_a_period, force, warned", [
+    (True, None, False),   # " ." is a word of the data, as in the synthetic task
+    (False, None, True),   # tokenized hypotheses against detokenized references
+    (False, True, False),
+    (True, False, True),   # sacreBLEU's own check
+])
+def test_the_tokenized_text_warning_shows_only_where_it_applies(
+        references_end_in_a_period, force, warned, caplog, monkeypatch):
+    # Without the command lines' show-once filter, which an earlier test may have set.
+    monkeypatch.setattr(logging.getLogger("sacrebleu"), "filters", [])
+    hypotheses = [f"word{i} ." for i in range(120)]
+    references = hypotheses if references_end_in_a_period else [f"word{i}." for i in range(120)]
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        bleu_scores(hypotheses, references, force=force)
+    assert any("tokenized period" in r.getMessage() for r in caplog.records) is warned

@@ -39,7 +39,7 @@ def scored_pairs(corpus, limit=None):
 
 
 def evaluate_split(translator, corpus, *, beam_size=4, alpha=0.6, limit=None,
-                   hypotheses_path=None, verbose=0, bleu_force=False):
+                   hypotheses_path=None, verbose=0, bleu_force=None):
     """Translates a split with beam search and scores it.
 
     Args:
@@ -49,7 +49,8 @@ def evaluate_split(translator, corpus, *, beam_size=4, alpha=0.6, limit=None,
         limit: Score only the first `limit` distinct sources.
         hypotheses_path: Where to write the translations, one per line.
         verbose: 1 shows the translation's progress.
-        bleu_force: sacreBLEU's `force` (text that looks tokenized).
+        bleu_force: sacreBLEU's `force` (text that looks tokenized), as
+            `evaluation.bleu_scores` takes it.
 
     Returns:
         A dict of figures: `bleu`, `bleu_lowercase`, `bleu_signature`, `exact_match`

@@ -19,7 +19,8 @@ DEFAULTS = dict(preset="small", vocab_size=8000, max_sentence_length=48, tokens_
 
 def main(argv=None):
     parser = recipe.build_parser(
-        "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS)
+        "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS,
+        run_dir="runs/anki-DIRECTION")
     parser.add_argument("--data",
                         help="tab-separated 'English<TAB>translation' file, optionally gzipped "
                              "(default for --language es: download spa-eng.zip into the Keras "

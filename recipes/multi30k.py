@@ -50,7 +50,8 @@ def load_splits(args):
 
 def build_parser():
     parser = recipe.build_parser(
-        "multi30k", "Train a Transformer on Multi30k German<->English.", DEFAULTS)
+        "multi30k", "Train a Transformer on Multi30k German<->English.", DEFAULTS,
+        run_dir="runs/multi30k-DIRECTION")
     add_data_options(parser)
     return parser
 

@@ -13,6 +13,9 @@ current one (whose time budget starts over). The table goes to `RUN_DIR/results.
 
     python -m recipes.table3 --minutes 5 --eval-limit 400      # all the variants
     python -m recipes.table3 --variants base,heads1,heads16 --minutes 5
+
+Each variant trains for `--minutes`, capped at `--steps`; `--precision`, `--seed` and
+`--native-logs` mean what they mean for the other recipes.
 """
 
 import argparse
@@ -40,15 +43,18 @@ def build_parser():
         prog="python -m recipes.table3",
         description="Train the Table 3 variants on Multi30k under a time budget each and "
                     "tabulate dev perplexity and BLEU.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=recipe.HelpFormatter)
     parser.add_argument("--variants", default=",".join(TABLE3_VARIANT_NAMES),
-                        help=f"comma-separated subset of: {', '.join(TABLE3_VARIANT_NAMES)}")
+                        help=f"comma-separated subset of: {', '.join(TABLE3_VARIANT_NAMES)} "
+                             "(default: all of them)")
     parser.add_argument("--minutes", type=positive_float, default=8.0,
                         help="training time per variant")
-    parser.add_argument("--max-steps", type=positive_int, default=100000,
-                        help="step cap per variant (the time budget usually ends training first)")
+    parser.add_argument("--steps", "--max-steps", dest="max_steps", type=positive_int,
+                        default=100000, metavar="N",
+                        help="step cap per variant (the time budget usually ends training "
+                             "first; there is no --epochs)")
     multi30k.add_data_options(parser)
-    for name in ("run_dir", "eval_limit", "vocab_size", "max_sentence_length",
+    for name in ("run_dir", "precision", "eval_limit", "vocab_size", "max_sentence_length",
                  "tokens_per_batch", "warmup_steps", "lr_scale", "checkpoint_every", "seed",
                  "verbose", "native_logs"):
         recipe.add(parser, name, **({"help": HELP[name]} if name in HELP else {}))
@@ -78,6 +84,7 @@ def main(argv=None):
     from keras_transformer.training.vocabulary import learn_or_load_tokenizers
 
     keras.utils.set_random_seed(args.seed)
+    keras.config.set_dtype_policy(args.precision)  # every variant's model is built under it
     splits = multi30k.load_splits(args)
     os.makedirs(args.run_dir, exist_ok=True)
     tokenizer, _ = learn_or_load_tokenizers(args.run_dir, splits["train"], args.vocab_size)

@@ -26,7 +26,8 @@ DEFAULTS = dict(vocab_size=37000, max_sentence_length=256, tokens_per_batch=2500
 
 def main(argv=None):
     parser = recipe.build_parser(
-        "wmt14", "Train the paper's base or big Transformer on WMT14 English-German.", DEFAULTS)
+        "wmt14", "Train the paper's base or big Transformer on WMT14 English-German.", DEFAULTS,
+        run_dir="runs/wmt14-CONFIG-DIRECTION")
     parser.add_argument("--config", choices=tuple(PAPER), default="base",
                         help="the paper's base or big hyperparameters (sets --preset, --steps, "
                              "--keep-checkpoints and --dropout-rate unless given)")

@@ -39,7 +39,8 @@ OPTIONS = {
                       help="Keras dtype policy for training (mixed_* keep float32 variables)"),
     "seed": dict(type=int, default=0, help="random seed"),
     "verbose": dict(type=int, choices=(0, 1, 2), default=1,
-                    help="model.fit verbosity: 0 silent, 1 progress bar, 2 one line per window"),
+                    help="model.fit verbosity: 0 silent, 1 progress bar (drawn on stderr, "
+                         "when it is a terminal), 2 one line per window"),
     "distribute": dict(choices=("none", "data", "model"), default="none",
                        help="several devices: data parallel (JAX DataParallel, TF "
                             "MirroredStrategy) or model parallel (JAX ModelParallel)"),
@@ -96,8 +97,12 @@ OPTIONS = {
                             "one's) and use the one of highest lower-cased BLEU instead of "
                             "--alpha; the test split plays no part. Added to the command of a "
                             "finished run, it tunes and scores the test split again"),
+    "no_tune_alpha": dict(dest="tune_alpha", action="store_const", const=None,
+                          help="no α search: score with --alpha (for smoke runs)"),
     "eval_limit": dict(type=positive_int,
-                       help="evaluate on only the first N distinct test sentences"),
+                       help="score only the first N distinct sentences of each split scored: "
+                            "the test split, and the validation split of the α search and of "
+                            "the validation curve (for smoke runs)"),
     "validation_curve": dict(action="store_true",
                              help="keep every checkpoint, and after training score each on "
                                   "the validation split (beam search, --beam-size, --alpha) "
@@ -126,8 +131,8 @@ GROUPS = (
               "tokens_per_batch", "bucket_width")),
     ("model (TransformerConfig; unset options keep the preset)",
      ("preset", "max_length", *MODEL_FIELDS[:-1], "lr_scale", "cooldown_steps")),
-    ("evaluation", ("beam_size", "alpha", "tune_alpha", "eval_limit", "validation_curve",
-                    "evaluate_only", "export_dir", "no_export")),
+    ("evaluation", ("beam_size", "alpha", ("tune_alpha", "no_tune_alpha"), "eval_limit",
+                    "validation_curve", "evaluate_only", "export_dir", "no_export")),
 )
 
 
@@ -138,11 +143,31 @@ def add(parser, name, **changes):
                        **changes)
 
 
-def build_parser(name, description, defaults):
-    """The options every recipe takes; `defaults` maps option destination → default."""
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows an option's default after its help, as a user would type it ("0.8,1.0"
+    for a list), unless the help says it already or there is none (a flag, or an
+    option whose absence the help explains)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if isinstance(action, argparse.BooleanOptionalAction) and "(default" not in text:
+            flag = action.option_strings[0 if default else 1]
+            return f"{text} (default: {flag})"
+        if ("(default" in text or not action.option_strings or action.nargs == 0
+                or default is None or default is False or default is argparse.SUPPRESS):
+            return text
+        if isinstance(default, (tuple, list)):
+            default = ",".join(map(str, default))
+        return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
+def build_parser(name, description, defaults, run_dir=None):
+    """The options every recipe takes; `defaults` maps option destination → default,
+    and `run_dir` says in words where the run goes without --run-dir (runs/NAME)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m recipes.{name}", description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     for title, names in GROUPS:
         group = parser.add_argument_group(title)
         for option in names:
@@ -150,9 +175,12 @@ def build_parser(name, description, defaults):
                 one_of = group.add_mutually_exclusive_group()
                 for choice in option:
                     add(one_of, choice)
+            elif option == "run_dir":
+                add(group, option, help=f"{OPTIONS['run_dir']['help']} (default: "
+                                        f"{run_dir or 'runs/' + name})")
             else:
                 add(group, option)
-    parser.set_defaults(run_dir=f"runs/{name}", **defaults)
+    parser.set_defaults(**defaults)
     return parser
 
 
@@ -165,9 +193,8 @@ def given(argv=None):
 
 
 def run_options(parser, args, name, run_dir=None):
-    """The `RunOptions` of parsed recipe options, named `name`; `run_dir` replaces the
-    parser's default --run-dir when that is not given. Quiets the native logs first
-    (unless --native-logs), as it loads Keras."""
+    """The `RunOptions` of parsed recipe options, named `name`; the run goes to
+    --run-dir, else to `run_dir`, else to runs/NAME. Applies --native-logs first."""
     from keras_transformer import logs
 
     logs.quiet_native_logs(args.native_logs)
@@ -175,8 +202,7 @@ def run_options(parser, args, name, run_dir=None):
 
     values = {field.name: getattr(args, field.name) for field in dataclasses.fields(RunOptions)
               if hasattr(args, field.name)}
-    if run_dir and args.run_dir == parser.get_default("run_dir"):
-        values["run_dir"] = run_dir
+    values["run_dir"] = args.run_dir or run_dir or f"runs/{name}"
     if args.steps is not None:
         values["epochs"] = None  # --steps replaces a recipe's default --epochs
     if args.no_export:

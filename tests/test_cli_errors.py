@@ -1,0 +1,231 @@
+"""A user's mistakes on every command line: `keras-transformer`'s commands and the
+recipes each end with one `error:` line (or argparse's usage and error line) and exit
+status 2, with no traceback and no file left half-written. Most cases fail before
+anything is trained or translated; the one subprocess, the issue's smoke run, runs
+in the torch pass."""
+
+import gzip
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+from helpers import REPOSITORY, shared_data
+
+import keras_transformer as kt
+from keras_transformer import cli
+from keras_transformer.cli import errors
+from keras_transformer.tokenizers import SubwordTokenizer
+from keras_transformer.training.data import synthetic_translation
+from recipes import anki, multi30k, quickstart, table3
+
+TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
+              "--num-layers", "1", "--beam-size", "2", "--verbose", "0"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run directory as a recipe leaves it: model.keras with tokenizer/ beside it."""
+    path = tmp_path_factory.mktemp("run")
+    corpus = synthetic_translation(200, seed=0)
+    tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=200)
+    tokenizer.save(str(path / "tokenizer"))
+    config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, num_layers=1)
+    kt.Transformer(config).save(path / "model.keras")
+    return path
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Input files a user might pass, good and bad."""
+    (tmp_path / "test.src").write_text("kave tomi\nsipe\n")
+    (tmp_path / "test.ref").write_text("a b .\nc .\n")
+    (tmp_path / "short.ref").write_text("a b .\n")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.src").write_bytes(b"kave tomi\nka\xe9ve\n")
+    (tmp_path / "not_a_model.keras").write_bytes(b"not a zip")
+    (tmp_path / "a_file").write_text("in the way")
+    (tmp_path / "no_tabs.txt").write_text("Hello.\nGood morning.\n")
+    (tmp_path / "empty_run" / "checkpoints").mkdir(parents=True)
+    return tmp_path
+
+
+def files_in(folder):
+    """Every file under `folder`, relative, with its size and modification time."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, folder)] = (os.path.getsize(path),
+                                                    os.path.getmtime(path))
+    return found
+
+
+def fails_with(main, argv, capsys, usage=False):
+    """Runs `main(argv)` as the command line does; returns its stderr, after checking
+    status 2 and one `error:` line (argparse's usage before it with `usage`)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    if usage:
+        assert lines[0].startswith("usage: ") and ": error: " in lines[-1], err
+    else:
+        assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return err
+
+
+def keras_transformer(argv):
+    cli.main(argv)
+
+
+def recipe(module):
+    """A recipe's main as `python -m recipes.NAME` runs it."""
+    return lambda argv: errors.guarded(module.main, argv)
+
+
+# (argv with {dir} for the files' folder and {run} for the run directory, what stderr
+# holds, whether argparse's usage comes with it).
+COMMANDS = [
+    (["translate", "{dir}/missing.keras", "hello"], "No model at", False),
+    (["translate", "{dir}/not_a_model.keras", "hello"], "Cannot load", False),
+    (["translate", "{run}", "--n-best", "5"], "--n-best 5 is more than --beam-size 4", False),
+    (["translate", "{run}", "--top-p", "0.9"], "--top-p set(s) sampling: add --sample", False),
+    (["translate", "{run}", "--bogus", "hello"],
+     "keras-transformer translate: error: unrecognized arguments: --bogus", True),
+    (["translate", "{run}", "hello", "--beam-size", "0"], "must be a positive integer", True),
+    (["evaluate", "{run}", "--source", "{dir}/missing.src", "--reference", "{dir}/test.ref"],
+     "No such file", False),
+    (["evaluate", "{run}", "--source", "{dir}/latin1.src", "--reference", "{dir}/test.ref"],
+     "as UTF-8 text", False),
+    (["evaluate", "{run}", "--source", "{dir}/test.src", "--reference", "{dir}/short.ref"],
+     "has 2 lines but", False),
+    (["evaluate", "{run}", "--source", "{dir}/empty.txt", "--reference", "{dir}/empty.txt"],
+     "sources is empty", False),
+    (["evaluate", "{run}", "--source", "{dir}/test.src"], "the following arguments are "
+                                                          "required: --reference", True),
+    (["average", "--run-dir", "{dir}/empty_run"], "No step-*.keras checkpoints", False),
+    (["average", "{dir}/a_file", "--output", "{dir}/out.keras"], "not a .keras file", False),
+    (["average", "{dir}/x.keras", "--run-dir", "{dir}/empty_run"],
+     "keras-transformer average: error: give either checkpoint files or --run-dir", True),
+    (["export", "{run}", "{dir}/exported", "--quantization", "int8"],
+     "--quantization only applies to --format ctranslate2", False),
+    (["export", "{run}", "{dir}/ct2", "--format", "ctranslate2", "--version", "2"],
+     "--version applies only to --format saved_model", False),
+    (["plot", "positions", "--output", "{dir}/a_file/positions.png"], "error: ", False),
+    (["plot", "training", "{dir}/empty_run"], "No training log", False),
+    (["serve", "{dir}/missing"], "No SavedModel directory", False),
+    (["transl", "x"], "invalid choice: 'transl'", True),
+]
+
+
+@pytest.mark.parametrize("argv, message, usage", COMMANDS)
+def test_every_command_ends_a_mistake_with_one_error_line(argv, message, usage, files,
+                                                         run_dir, capsys):
+    argv = [word.format(dir=files, run=run_dir) for word in argv]
+    before = files_in(files), files_in(run_dir)
+    err = fails_with(keras_transformer, argv, capsys, usage)
+    assert message in err
+    assert (files_in(files), files_in(run_dir)) == before  # nothing written
+
+
+RECIPES = [
+    (quickstart, ["--steps", "0"], "argument --steps: must be a positive integer", True),
+    (quickstart, ["--tune-alpha", ""], "must be comma-separated non-negative numbers", True),
+    (quickstart, ["--tune-alpha", "1", "--no-tune-alpha"],
+     "argument --no-tune-alpha: not allowed with argument --tune-alpha", True),
+    (quickstart, ["--run-dir", "{dir}/a_file", "--train-pairs", "50", "--steps", "1"],
+     "a_file", False),
+    (quickstart, ["--run-dir", "{dir}/run", "--train-pairs", "50", "--steps", "2",
+                  "--max-length", "16", "--max-sentence-length", "32", *TINY_MODEL],
+     "max_length=16 is below max_sentence_length=32", False),
+    (multi30k, ["--data-dir", "{dir}/missing", "--steps", "1"], "Multi30k folder", False),
+    (multi30k, ["--data-dir", "{multi30k}", "--run-dir", "{dir}/run", "--train-limit", "300",
+                "--steps", "2", "--no-export"],
+     "vocab_size=8000 is more than SentencePiece can learn from these 300 sentences", False),
+    (multi30k, ["--direction", "fr-en"], "argument --direction: invalid choice", True),
+    (anki, ["--data", "{dir}/missing.txt", "--steps", "1"], "No such file", False),
+    (anki, ["--data", "{dir}/no_tabs.txt", "--steps", "1"], "line 1 has no tab", False),
+    (anki, ["--language", "fr"], "only English-Spanish is downloaded", True),
+    (table3, ["--variants", "base,heads3"], "unknown variant(s) ['heads3']", True),
+    (table3, ["--data-dir", "{multi30k}", "--run-dir", "{dir}/table3", "--train-limit", "200",
+              "--variants", "base"], "vocab_size=8000 is more than SentencePiece", False),
+]
+
+
+@pytest.mark.parametrize("module, argv, message, usage", RECIPES)
+def test_every_recipe_ends_a_mistake_with_one_error_line(module, argv, message, usage, files,
+                                                        capfd):
+    # capfd: a native log line (SentencePiece's trainer writes hundreds) would show.
+    argv = [word.replace("{multi30k}", shared_data("multi30k")) if "{multi30k}" in word
+            else word.format(dir=files) for word in argv]
+    before = files_in(files)
+    err = fails_with(recipe(module), argv, capfd, usage)
+    assert message in err
+    # Nothing there before was changed, and no model or half-written file is new.
+    after = files_in(files)
+    assert {name: after.get(name) for name in before} == before
+    new = [name for name in after if name not in before]
+    assert not [name for name in new if name.endswith(".keras") or ".partial-" in name], new
+    if "SentencePiece" in message:  # refused before any vocabulary was saved
+        assert not [name for name in new if "tokenizer" in name], new
+
+
+@pytest.mark.parametrize("raised, status, message", [
+    (KeyboardInterrupt(), 130, ""),
+    (ModuleNotFoundError("No module named 'tensorflow_datasets'", name="tensorflow_datasets"),
+     2, "error: No module named 'tensorflow_datasets'"),
+    (ImportError("recipes.wmt14 needs tensorflow-datasets: pip install tensorflow-datasets"),
+     2, "error: recipes.wmt14 needs tensorflow-datasets: pip install tensorflow-datasets"),
+    (FileExistsError("runs/x/model_averaged.keras exists"), 2,
+     "error: runs/x/model_averaged.keras exists"),
+])
+def test_interrupts_and_missing_packages_are_one_line(raised, status, message, capsys):
+    def main():
+        raise raised
+
+    with pytest.raises(SystemExit) as exit_info:
+        errors.guarded(main)
+    assert exit_info.value.code == status
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_an_import_error_inside_the_package_keeps_its_traceback():
+    def main():
+        raise ImportError("cannot import name 'x'", name="keras_transformer.model")
+
+    with pytest.raises(ImportError):
+        errors.guarded(main)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="a recipe's whole process, backend-independent: runs in the torch "
+                           "pass, where a process starts fastest")
+def test_a_smoke_run_with_too_large_a_vocabulary_is_one_line_in_a_real_process(tmp_path):
+    """The issue's reproduction: --train-limit 300 with the default --vocab-size."""
+    command = [sys.executable, "-m", "recipes.multi30k", "--train-limit", "300", "--steps", "2",
+               "--no-export", "--data-dir", shared_data("multi30k"),
+               "--run-dir", str(tmp_path / "run")]
+    environment = {k: v for k, v in os.environ.items()
+                   if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_TRANSFORMER_NATIVE_LOGS")}
+    result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True,
+                            timeout=300, env=environment)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: vocab_size=8000 is more than SentencePiece can learn from "
+                           "these 300 sentences: at most ")
+    assert "--vocab-size" in line
+    assert not os.path.exists(tmp_path / "run" / "source_tokenizer")
+
+
+def test_a_gzipped_file_that_is_not_gzip_is_one_line(files, run_dir, capsys):
+    bad = files / "test.src.gz"
+    bad.write_bytes(b"plain text, not gzip\n")
+    with gzip.open(files / "test.ref.gz", "wt") as f:
+        f.write("a b .\n")
+    err = fails_with(keras_transformer, ["evaluate", str(run_dir), "--source", str(bad),
+                                         "--reference", str(files / "test.ref.gz")], capsys)
+    assert "Cannot read" in err

@@ -177,6 +177,7 @@ def make_dataset(
     source_vocab_size=None,
     target_vocab_size=None,
     name="data",
+    shard=None,
 ):
     """A `tf.data.Dataset` of `({"source", "target"}, labels)` batches.
 
@@ -188,7 +189,8 @@ def make_dataset(
         max_sentence_length: Longest source / decoder sequence in tokens.
         tokens_per_batch: Token budget per batch, per side (padding included).
         overlong: "drop" or "truncate" pairs longer than `max_sentence_length`.
-        shuffle: Whether to shuffle pairs (each pass differently).
+        shuffle: Whether to shuffle pairs (each pass differently, the same way
+            in every process).
         repeat: Whether to repeat forever (for step-based training).
         seed: Shuffle seed.
         bucket_width: Length granularity of the buckets.
@@ -205,6 +207,11 @@ def make_dataset(
             here, before training, with an error naming `name`, the pair
             and the id. (`Transformer.fit` checks every batch again.)
         name: What the data is, for errors ("train", a file name, ...).
+        shard: (index, count): keep row block `index` of `count` of every
+            batch, the rows one process of a multi-process JAX run feeds
+            (`keras_transformer.distribution.Distributed.input_shard`); every
+            process builds the same global batches and keeps its own rows.
+            `batch_multiple` must be a multiple of `count`.
 
     Returns:
         (dataset, PipelineStats). Batches hold int32 tensors: source (B, L),
@@ -214,6 +221,10 @@ def make_dataset(
     import tensorflow as tf
 
     # The plan checks the batching arguments before any tokenization work.
+    if shard is not None and (len(shard) != 2 or not 0 <= shard[0] < shard[1]
+                              or batch_multiple % shard[1]):
+        raise ValueError(f"shard={shard!r} must be (index, count) with 0 <= index < count "
+                         f"and batch_multiple={batch_multiple} a multiple of count.")
     boundaries, batch_sizes, lengths = bucket_plan(max_sentence_length, tokens_per_batch,
                                                    bucket_width, batch_multiple)
     target_tokenizer = target_tokenizer or source_tokenizer
@@ -239,19 +250,10 @@ def make_dataset(
     _count_batches(stats, encoded_sources, encoded_targets, boundaries, batch_sizes, lengths)
     if verbose:
         print(f"Data: {stats.summary()}")
-    decoder_inputs = [t[:-1] for t in encoded_targets]
-    labels = [t[1:] for t in encoded_targets]
-    dataset = tf.data.Dataset.from_tensor_slices((
-        tf.ragged.constant(encoded_sources, dtype=tf.int32),
-        tf.ragged.constant(decoder_inputs, dtype=tf.int32),
-        tf.ragged.constant(labels, dtype=tf.int32),
-    ))
-    if shuffle:
-        dataset = dataset.shuffle(len(encoded_sources), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
-    # Rows of a ragged tensor arrive as ragged specs of rank 0; make them dense.
-    dataset = dataset.map(lambda s, t, y: (tf.identity(s), tf.identity(t), tf.identity(y)))
+    columns = tuple(tf.ragged.constant(column, dtype=tf.int32) for column in (
+        encoded_sources, [t[:-1] for t in encoded_targets], [t[1:] for t in encoded_targets]))
+    dataset = _pair_order(len(encoded_sources), shuffle, repeat, seed).map(
+        lambda i: tuple(column[i] for column in columns))
     padding_values = tuple(int(tokenizer.pad_id) for tokenizer in
                            (source_tokenizer, target_tokenizer, target_tokenizer))
     dataset = dataset.bucket_by_sequence_length(
@@ -268,6 +270,14 @@ def make_dataset(
                          for x, pad in zip(tensors, padding_values))
 
         dataset = dataset.map(pad_rows)
+    if shard is not None:
+        index, count = shard
+
+        def own_rows(*tensors):
+            rows = tf.shape(tensors[0])[0] // count
+            return tuple(x[index * rows:(index + 1) * rows] for x in tensors)
+
+        dataset = dataset.map(own_rows)
     dataset = dataset.map(
         lambda s, t, y: ({"source": s, "target": t}, y),
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -276,7 +286,26 @@ def make_dataset(
         # Bucketing hides the length from tf.data; telling Keras spares it a
         # first pass that ends in an "ran out of data" warning.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(stats.batches_per_pass))
-    return dataset.prefetch(tf.data.AUTOTUNE), stats
+    # Under tf.distribute.MultiWorkerMirroredStrategy each worker keeps its part of
+    # every global batch (the data's, as nothing here reads files).
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE), stats
+
+
+def _pair_order(pairs, shuffle, repeat, seed):
+    """The indices of the pairs in the order they are batched: pass after pass when
+    `repeat`, each pass in a new order when `shuffle`. Pass k's order is a function of
+    (seed, k) alone (a stateless shuffle), so every process of a cluster, and every
+    iterator over the dataset, draws the same batches."""
+    import tensorflow as tf
+
+    passes = tf.data.Dataset.range(2**62 if repeat else 1)
+    if not shuffle:
+        return passes.flat_map(lambda _: tf.data.Dataset.range(pairs))
+    return passes.flat_map(lambda k: tf.data.Dataset.from_tensor_slices(
+        tf.random.experimental.stateless_shuffle(
+            tf.range(pairs, dtype=tf.int64), seed=tf.stack([tf.constant(seed, tf.int64), k]))))
 
 
 def _tokenize_pairs(sources, targets, source_tokenizer, target_tokenizer, verbose):

@@ -1,4 +1,5 @@
-"""§5.2 Hardware: training on several devices, as the paper trains on 8 GPUs.
+"""§5.2 Hardware: training on several devices, as the paper trains on 8 GPUs, and on
+several hosts.
 
 `setup(kind)` picks the engine of the current backend:
 
@@ -9,9 +10,27 @@
   by vocabulary rows, attention projections by heads, the feed-forward layers
   by their inner width (the Megatron-LM split), the rest replicated.
 * TensorFlow, `kind="data"`: `tf.distribute.MirroredStrategy` over the local
-  devices. Several hosts: `tf.distribute.MultiWorkerMirroredStrategy` with a
-  `TF_CONFIG` per host (see the README); model parallelism runs on JAX.
+  devices; model parallelism runs on JAX.
 * PyTorch: one device; `kind` must be "none".
+
+Several processes (one per host, or several on one machine) form a cluster by the
+engines' own conventions, read from the environment (`cluster_from_environment`):
+
+* JAX: `KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator, process 0, first),
+  `KERAS_DISTRIBUTION_NUM_PROCESSES` and `KERAS_DISTRIBUTION_PROCESS_ID`, the
+  variables of `keras.distribution.initialize`. `kind="data"` starts JAX's
+  distributed runtime and runs `DataParallel` over the devices of every process;
+  each process feeds its own rows of every global batch (`Distributed.input_shard`).
+* TensorFlow: a `TF_CONFIG` naming more than one worker. `kind="data"` runs
+  `tf.distribute.MultiWorkerMirroredStrategy`, which gives each worker its part of
+  every global batch (the pipeline asks for `AutoShardPolicy.DATA`).
+
+Process 0 is the chief: it alone writes the run directory (`Distributed.writes_to`).
+A process that dies stops the others: JAX's coordinator ends them once it has missed
+the dead process's heartbeats for `peer_timeout` seconds; TensorFlow's coordination
+service does the same after its own heartbeat timeout (10 s), and `lost_peers` turns
+its error into a `PeerLostError`. PyTorch has no multi-process `fit` in Keras, and a
+cluster is refused there.
 
 On one device and with the same global batch, data parallelism computes the
 same loss: `LabelSmoothedCrossEntropy` divides by the token count of the whole
@@ -19,46 +38,240 @@ global batch (`keras_transformer.backend.global_sum`), not by each replica's.
 """
 
 import contextlib
+import dataclasses
+import json
 import os
+import re
+import shutil
+import tempfile
 
 import keras
 
 KINDS = ("none", "data", "model")
+# The variables of `keras.distribution.initialize`, which name a JAX cluster.
+JAX_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                 "KERAS_DISTRIBUTION_PROCESS_ID")
+# Seconds without a heartbeat after which JAX's coordinator declares a process dead
+# and stops the others (JAX's own default is 100).
+PEER_TIMEOUT = 60
+
+
+class PeerLostError(ConnectionError):
+    """Another process of the cluster stopped: training cannot go on without it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The processes that the environment says this one trains with.
+
+    Attributes:
+        variables: What named the cluster: "KERAS_DISTRIBUTION_*" (JAX) or "TF_CONFIG".
+        process_id: This process, 0 (the chief) to `process_count - 1`.
+        process_count: The processes in all.
+        coordinator: JAX's coordinator address (process 0's host:port); None for TF.
+    """
+
+    variables: str
+    process_id: int
+    process_count: int
+    coordinator: str = None
+
+
+def cluster_from_environment(environ=None):
+    """The cluster that `KERAS_DISTRIBUTION_*` or `TF_CONFIG` names, or None when they
+    name none (unset, or one process).
+
+    Raises:
+        ValueError: The variables are incomplete, malformed or both kinds are set.
+    """
+    environ = os.environ if environ is None else environ
+    given = [name for name in JAX_VARIABLES if environ.get(name)]
+    if given and environ.get("TF_CONFIG"):
+        raise ValueError("Both KERAS_DISTRIBUTION_* (a JAX cluster) and TF_CONFIG (a "
+                         "TensorFlow cluster) are set: keep the one of your backend.")
+    cluster = (_jax_cluster(environ, given) if given else
+               _tf_cluster(environ["TF_CONFIG"]) if environ.get("TF_CONFIG") else None)
+    return cluster if cluster is not None and cluster.process_count > 1 else None
+
+
+def _jax_cluster(environ, given):
+    missing = [name for name in JAX_VARIABLES if name not in given]
+    if missing:
+        raise ValueError(f"A JAX cluster needs all of {', '.join(JAX_VARIABLES)}; "
+                         f"{', '.join(missing)} unset.")
+    addresses = environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
+    count, process_id = (environ[f"KERAS_DISTRIBUTION_{name}"] for name in ("NUM_PROCESSES",
+                                                                           "PROCESS_ID"))
+    if not (count.isdigit() and process_id.isdigit() and int(process_id) < int(count)):
+        raise ValueError(f"KERAS_DISTRIBUTION_PROCESS_ID={process_id} must be an integer from "
+                         f"0 to KERAS_DISTRIBUTION_NUM_PROCESSES={count} - 1.")
+    if len(addresses) not in (1, int(count)):
+        raise ValueError(f"KERAS_DISTRIBUTION_JOB_ADDRESSES names {len(addresses)} processes "
+                         f"and KERAS_DISTRIBUTION_NUM_PROCESSES={count}: give every process's "
+                         "host:port, or the coordinator's (process 0's) alone.")
+    return Cluster("KERAS_DISTRIBUTION_*", int(process_id), int(count), addresses[0].strip())
+
+
+def _tf_cluster(text):
+    try:
+        config = json.loads(text)
+        jobs, task = config.get("cluster", {}), (config["task"]["type"],
+                                                 int(config["task"]["index"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ValueError('TF_CONFIG must be JSON such as {"cluster": {"worker": ["host0:port", '
+                         '"host1:port"]}, "task": {"type": "worker", "index": 0}}.') from None
+    # The chief, if any, then the workers: the order of TensorFlow's own process ids.
+    tasks = [(job, i) for job in ("chief", "worker") for i in range(len(jobs.get(job, ())))]
+    if set(jobs) - {"chief", "worker"} or task not in tasks:
+        raise ValueError(f"TF_CONFIG names the tasks {sorted(jobs)} and this process as "
+                         f"{task[0]} {task[1]}: MultiWorkerMirroredStrategy trains with the "
+                         "chief and worker tasks of the cluster, and this task must be one.")
+    return Cluster("TF_CONFIG", tasks.index(task), len(tasks))
 
 
 class Distributed:
     """What `setup` chose: `scope()` wraps model creation and `compile`;
-    `batch_multiple` is what every batch size must be a multiple of."""
+    `batch_multiple` is what every global batch size must be a multiple of;
+    `input_shard` = (index, count) says which rows of every global batch this
+    process feeds (row block `index` of `count`), None when the engine splits
+    batches itself; `cluster` is the `Cluster` of a multi-process run, or None."""
 
-    def __init__(self, kind, description, batch_multiple=1, strategy=None):
+    def __init__(self, kind, description, batch_multiple=1, strategy=None, cluster=None,
+                 input_shard=None):
         self.kind = kind
         self.description = description
         self.batch_multiple = batch_multiple
         self.strategy = strategy
+        self.cluster = cluster
+        self.input_shard = input_shard
+
+    @property
+    def is_chief(self):
+        """Whether this process writes the run's files: process 0, or the only one."""
+        return self.cluster is None or self.cluster.process_id == 0
 
     def scope(self):
         return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def writes_to(self, run_dir):
+        """The folder this process writes the run's files to: `run_dir` for the chief;
+        for the others a temporary folder, deleted when the block ends, so that every
+        process runs the same saving code (the rule of TensorFlow's
+        MultiWorkerMirroredStrategy, where a save may take part in collectives) while
+        only the chief's files are kept."""
+        if self.is_chief:
+            yield run_dir
+            return
+        folder = tempfile.mkdtemp(prefix=f"keras-transformer-process-{self.cluster.process_id}-")
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def barrier(self, name):
+        """Returns once every process of the cluster has called `barrier(name)`: the
+        others wait here for the chief (its tokenizer, its last phase)."""
+        if self.cluster is None:
+            return
+        if keras.backend.backend() == "jax":
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(name)
+            return
+        import tensorflow as tf
+
+        @tf.function
+        def meet():  # an all-reduce of one number, traced as the strategy asks
+            return self.strategy.reduce("SUM", self.strategy.run(lambda: tf.constant(1.0)),
+                                        axis=None)
+
+        with self.lost_peers():
+            meet()
+
+    def after_training(self):
+        """Ends the cluster's collective work. Under JAX every process calls it, and
+        its runtime shuts down (at once, no process waiting on another), so the chief
+        goes on alone on its own devices and the others may exit. Under TensorFlow the
+        workers stay connected until `finish`."""
+        if self.cluster is None or keras.backend.backend() != "jax":
+            return
+        import jax
+
+        jax.distributed.shutdown()
+        keras.distribution.set_distribution(None)
+
+    def finish(self):
+        """The cluster's last meeting: under TensorFlow the workers wait here for the
+        chief's last phase, so no worker leaves while the chief's coordination service
+        still watches its heartbeats."""
+        if self.cluster is not None and keras.backend.backend() == "tensorflow":
+            self.barrier("finished")
+
+    @contextlib.contextmanager
+    def lost_peers(self):
+        """Turns the engine's error for a dead process of the cluster into a
+        `PeerLostError`: TensorFlow's names the process; JAX's collectives name its
+        address, and JAX's coordinator then ends this process with a message naming
+        the task it stopped hearing from."""
+        if self.cluster is None:
+            yield
+            return
+        if keras.backend.backend() == "jax":
+            import jax
+
+            lost, name = (jax.errors.JaxRuntimeError,), lambda error: (
+                "Gloo" in str(error) and "a process of the cluster (JAX's collectives: "
+                + str(error).strip().splitlines()[0] + ")")
+        else:
+            import tensorflow as tf
+
+            lost, name = (tf.errors.UnavailableError, tf.errors.AbortedError), _tf_tasks
+        try:
+            yield
+        except lost as error:
+            if not name(error):
+                raise
+            raise PeerLostError(
+                f"Lost {name(error)}, so training stopped. Start every process again with "
+                "the same command: training resumes from the chief's last backup.") from error
 
     def __repr__(self):
         return f"Distributed({self.description})"
 
 
-def setup(kind="none", model_parallel=2, devices=None):
-    """Sets up `kind` ("none", "data" or "model") parallel training.
+def _tf_tasks(error):
+    """The tasks that TensorFlow's `error` says it stopped hearing from (the failed op's
+    own device, named before, is left out)."""
+    listed = error.message.split("unhealthy", 1)[-1]
+    tasks = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", listed)))
+    return " and ".join(f"{job} {task} of TF_CONFIG" for job, task in tasks) or (
+        "a process of the cluster")
+
+
+def setup(kind="none", model_parallel=2, devices=None, peer_timeout=PEER_TIMEOUT):
+    """Sets up `kind` ("none", "data" or "model") parallel training, over the
+    processes that the environment names (`cluster_from_environment`) if any.
 
     Args:
         kind: "none" (one device), "data" or "model".
         model_parallel: With "model", devices along the model axis of the mesh
             (the rest form the batch axis).
         devices: Device names; None means every local device of the backend.
+        peer_timeout: Seconds after which JAX's coordinator declares a silent
+            process dead and stops the others.
 
     Returns:
         A `Distributed`. Build and compile the model inside its `scope()` and
-        make batches with `batch_multiple=distributed.batch_multiple`.
+        make batches with `batch_multiple=distributed.batch_multiple` and
+        `shard=distributed.input_shard`.
     """
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} must be one of {KINDS}.")
     backend = keras.backend.backend()
+    cluster = cluster_from_environment()
+    if cluster is not None:
+        return _setup_cluster(cluster, kind, backend, devices, peer_timeout)
     if kind == "none":
         return Distributed("none", "one device")
     if backend == "jax":
@@ -71,6 +284,9 @@ def setup(kind="none", model_parallel=2, devices=None):
             )
         import tensorflow as tf
 
+        # Every local device: the GPUs, else the logical CPUs (`virtual_cpu_devices`).
+        devices = devices or [device.name for device in (
+            tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))]
         strategy = tf.distribute.MirroredStrategy(devices)
         return Distributed("data", f"tf.distribute.MirroredStrategy over "
                            f"{strategy.num_replicas_in_sync} replicas", strategy=strategy)
@@ -78,6 +294,73 @@ def setup(kind="none", model_parallel=2, devices=None):
         f"Distributed training is not wired for the {backend} backend: use KERAS_BACKEND=jax "
         "(data or model parallel) or tensorflow (data parallel), or --distribute none."
     )
+
+
+def _setup_cluster(cluster, kind, backend, devices, peer_timeout):
+    engine = {"KERAS_DISTRIBUTION_*": "jax", "TF_CONFIG": "tensorflow"}[cluster.variables]
+    if backend == "torch":
+        raise ValueError(f"{cluster.variables} names {cluster.process_count} processes, but "
+                         "Keras's torch backend has no multi-process fit: train on one process "
+                         "(unset it), or use KERAS_BACKEND=jax or tensorflow.")
+    if backend != engine:
+        raise ValueError(f"{cluster.variables} names a {engine} cluster, but KERAS_BACKEND="
+                         f"{backend}: set KERAS_BACKEND={engine}, or name the cluster with "
+                         f"{'TF_CONFIG' if engine == 'jax' else ', '.join(JAX_VARIABLES)}.")
+    if kind != "data":
+        raise ValueError(
+            f"{cluster.variables} names {cluster.process_count} processes, which train data "
+            f"parallel: pass --distribute data (distribute={kind!r} "
+            + ("would train a copy of the model in each process, each writing the run)."
+               if kind == "none" else "splits weights across hosts, which Keras's "
+               "checkpoints cannot read back on one process).")
+        )
+    if devices is not None:
+        raise ValueError("devices cannot be chosen for a cluster: each process uses its own.")
+    role = f"process {cluster.process_id} of {cluster.process_count}" + (
+        " (chief)" if cluster.process_id == 0 else "")
+    if engine == "jax":
+        import jax
+        from keras import distribution
+
+        # keras.distribution.initialize reads the same variables, but leaves JAX's
+        # heartbeat timeout at 100 s.
+        jax.distributed.initialize(cluster.coordinator, cluster.process_count,
+                                   cluster.process_id, heartbeat_timeout_seconds=peer_timeout)
+        devices = distribution.list_devices()
+        if jax.local_device_count() * cluster.process_count != len(devices):
+            raise ValueError("Every process of a JAX cluster must have as many devices.")
+        distribution.set_distribution(distribution.DataParallel(
+            devices=devices, auto_shard_dataset=False))  # each process feeds its own rows
+        return Distributed("data", f"keras.distribution.DataParallel over {len(devices)} "
+                           f"devices of {cluster.process_count} processes; this is {role}",
+                           batch_multiple=len(devices), cluster=cluster,
+                           input_shard=(cluster.process_id, cluster.process_count))
+    strategy = _multi_worker_strategy()
+    return Distributed("data", "tf.distribute.MultiWorkerMirroredStrategy over "
+                       f"{strategy.num_replicas_in_sync} replicas of {cluster.process_count} "
+                       f"workers; this is {role}", batch_multiple=strategy.num_replicas_in_sync,
+                       strategy=strategy, cluster=cluster)
+
+
+def _multi_worker_strategy():
+    """A `tf.distribute.MultiWorkerMirroredStrategy` (from TF_CONFIG) whose `reduce`
+    takes what Keras 3's TensorFlow trainer gives it (keras-team/keras#20585): a nest
+    of values, as MirroredStrategy's `reduce` does, and the logs' scalars with axis=0."""
+    import tensorflow as tf
+
+    class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+        def reduce(self, reduce_op, value, axis):
+            reduce = super().reduce
+
+            def one(value):
+                first = value.values[0] if isinstance(
+                    value, tf.distribute.DistributedValues) else value
+                rank = len(getattr(first, "shape", ()))
+                return reduce(reduce_op, value, axis if rank else None)
+
+            return tf.nest.map_structure(one, value)
+
+    return MultiWorkerMirroredStrategy()
 
 
 def _setup_jax(kind, model_parallel, devices):

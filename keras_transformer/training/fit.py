@@ -22,7 +22,10 @@ written, so the run directory keeps its last finite state: `fit_steps` raises
 learning rate for instance, resumes from that state.
 
 Its files go where `keras_transformer.run_files` names them (backup/,
-checkpoints/, logs/, training_log.csv).
+checkpoints/, logs/, training_log.csv). In a multi-process run every process runs
+the same callbacks, and those of the processes other than the chief write into a
+`save_dir` of their own (`keras_transformer.distribution.Distributed.writes_to`),
+while all restore the chief's backup.
 """
 
 import glob
@@ -160,31 +163,35 @@ class RunBackup(keras.callbacks.BackupAndRestore):
     A backup in Keras's own layout (runs from before) is still restored.
 
     Args:
-        backup_dir: The backup folder (`run_files.BACKUP`).
+        backup_dir: The backup folder (`run_files.BACKUP`), restored from.
         guard: A `NonFiniteGuard`, or None.
+        save_dir: Where the backups are written; None for `backup_dir`. (A
+            process other than the chief restores the chief's backup and
+            writes its own elsewhere.)
     """
 
     STATE = "state.json"
 
-    def __init__(self, backup_dir, guard=None):
+    def __init__(self, backup_dir, guard=None, save_dir=None):
         super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
         self.guard = guard
+        self.save_dir = save_dir or backup_dir
 
     def on_train_begin(self, logs=None):
-        run_files.remove_partials(self.backup_dir)  # writes that a kill interrupted
+        run_files.remove_partials(self.save_dir)  # writes that a kill interrupted
         self._load_model()
 
     def _save_model(self):
         if not _may_save(self.model, self.guard):
             return
-        os.makedirs(self.backup_dir, exist_ok=True)
+        os.makedirs(self.save_dir, exist_ok=True)
         name = f"window-{self._current_epoch:06d}.weights.h5"
-        with run_files.atomic_path(os.path.join(self.backup_dir, name)) as partial:
+        with run_files.atomic_path(os.path.join(self.save_dir, name)) as partial:
             self.model.save_weights(partial, overwrite=True)
-        run_files.write_json(os.path.join(self.backup_dir, self.STATE),
+        run_files.write_json(os.path.join(self.save_dir, self.STATE),
                              {"epoch": self._current_epoch, "weights": name,
                               "step": optimizer_step(self.model)})
-        for old in glob.glob(os.path.join(self.backup_dir, "*.weights.h5")):
+        for old in glob.glob(os.path.join(self.save_dir, "*.weights.h5")):
             if os.path.basename(old) != name:
                 os.remove(old)
 
@@ -311,6 +318,7 @@ def fit_steps(
     keep_checkpoints=5,
     verbose="auto",
     extra_callbacks=(),
+    save_dir=None,
 ):
     """Trains `model` for `total_steps` optimizer steps with the callbacks above.
 
@@ -326,6 +334,8 @@ def fit_steps(
         keep_checkpoints: How many step checkpoints to keep.
         verbose: `model.fit` verbosity (a progress bar by default).
         extra_callbacks: More Keras callbacks.
+        save_dir: Where this process writes checkpoints, backups and logs; None
+            for `run_dir`. Training restores the backup of `run_dir` either way.
 
     Returns:
         The `keras.callbacks.History` of this invocation.
@@ -338,17 +348,20 @@ def fit_steps(
         raise ValueError(
             f"total_steps={total_steps} and checkpoint_every={checkpoint_every} must be positive."
         )
-    os.makedirs(run_dir, exist_ok=True)
+    save_dir = save_dir or run_dir
+    os.makedirs(save_dir, exist_ok=True)
     windows = -(-total_steps // checkpoint_every)
     guard = NonFiniteGuard()
     callbacks = [
         guard,
-        RunBackup(run_files.path(run_dir, run_files.BACKUP), guard=guard),
-        StepCheckpoint(run_files.path(run_dir, run_files.CHECKPOINTS), keep=keep_checkpoints,
+        RunBackup(run_files.path(run_dir, run_files.BACKUP), guard=guard,
+                  save_dir=run_files.path(save_dir, run_files.BACKUP)),
+        StepCheckpoint(run_files.path(save_dir, run_files.CHECKPOINTS), keep=keep_checkpoints,
                        guard=guard),
         WindowClock(),
-        keras.callbacks.CSVLogger(run_files.path(run_dir, run_files.TRAINING_LOG), append=True),
-        keras.callbacks.TensorBoard(run_files.path(run_dir, run_files.LOGS),
+        keras.callbacks.CSVLogger(run_files.path(save_dir, run_files.TRAINING_LOG),
+                                  append=True),
+        keras.callbacks.TensorBoard(run_files.path(save_dir, run_files.LOGS),
                                     update_freq="epoch"),
         *extra_callbacks,
     ]

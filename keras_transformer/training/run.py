@@ -13,7 +13,11 @@ Each of these is a phase ("training", "saved", "averaged", "tuned", "evaluated",
 done, rewritten atomically after each, so the same call after a crash or a kill does
 only what is left, and training resumes from the backup of its last window. A larger
 `steps` trains on (every later phase runs again); `evaluate_only` scores a finished run
-again without training. With `scoring.py`, this module is the outer layer of the
+again without training. Under a cluster of processes (`keras_transformer.distribution`:
+`KERAS_DISTRIBUTION_*` for JAX, `TF_CONFIG` for TensorFlow, with `distribute="data"`)
+every process trains, the chief (process 0) alone writes the run directory, which all
+of them must share, and the chief alone does the phases after training. With
+`scoring.py`, this module is the outer layer of the
 training package: it uses `inference` and `evaluation`, and neither imports it.
 
 Example, from your own script (a few minutes on a CPU):
@@ -36,12 +40,10 @@ import dataclasses
 import json
 import os
 import time
-from typing import Optional, Sequence, Union
 
 import keras
 
-from keras_transformer import backend, distribution, run_files, tokenizers
-from keras_transformer import validation as checks
+from keras_transformer import backend, distribution, run_files
 from keras_transformer.inference import Translator
 from keras_transformer.model import Transformer
 from keras_transformer.training import scoring
@@ -50,130 +52,20 @@ from keras_transformer.training.data import ParallelCorpus
 from keras_transformer.training.fit import fit_steps, list_checkpoints, optimizer_step
 from keras_transformer.training.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
 from keras_transformer.training.pipeline import make_dataset
+from keras_transformer.training.run_options import PRECISIONS, RunOptions, cooldown_steps
 from keras_transformer.training.schedule import paper_adam
-from keras_transformer.training.vocabulary import learn_or_load_tokenizers
+from keras_transformer.training.vocabulary import shared_tokenizers
+
+__all__ = ["PHASES", "PRECISIONS", "SPLITS", "RunOptions", "compile_model", "cooldown_steps",
+           "run"]
 
 PHASES = ("training", "saved", "averaged", "tuned", "evaluated", "evaluated_averaged",
           "validation_curve", "exported")
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 SPLITS = ("train", "validation", "test")
 # The figures of `scoring.evaluate_split` (and the averaged model's) in results.json.
 _TEST_FIGURES = ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "beam_size",
                  "alpha", "test_sentences", "test_references", "sentences_per_second",
                  "per_pair", "averaged")
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """How a run trains and is scored: everything but its data and its model.
-
-    Each field is the recipe option of the same name (`steps` is `--steps`).
-
-    Args:
-        run_dir: Folder of the run (checkpoints, logs, tokenizer, models, results.json).
-        steps: Optimizer steps in all, counting those of a run resumed; or
-        epochs: Passes over the training data, converted to steps (give one of the two).
-        checkpoint_every: Steps between checkpoints and backups (a Keras "epoch").
-        keep_checkpoints: Newest checkpoints kept and averaged (§6.1: 5 base, 20 big).
-        name: Name of the run in results.json ("recipe") and in messages.
-        precision: Keras dtype policy for training: float32, mixed_float16 or
-            mixed_bfloat16.
-        seed: Random seed of Keras and of the pipeline's shuffling.
-        verbose: `model.fit` verbosity (0, 1 or 2); 0 also hides the test progress.
-        distribute, model_parallel: Several devices: "data" or "model" parallel
-            (`keras_transformer.distribution.setup`), or "none".
-        tokenizer: "sentencepiece" (BPE) or "wordpiece".
-        vocab_size: Subword vocabulary size (per language with separate vocabularies).
-        separate_vocabularies: One vocabulary per language instead of a shared one.
-        max_sentence_length: Longest training source / target in tokens; longer pairs
-            are dropped.
-        tokens_per_batch: Token budget per batch and side, padding included.
-        bucket_width: Length step of the batching buckets.
-        lr_scale: Constant factor on the eq. (3) learning rate.
-        cooldown_steps: Steps at the end of the run over which the rate falls linearly
-            towards 0, or a share of the run such as "40%" (not in the paper; 0: none).
-        beam_size, alpha: Beam search of the scoring (§6.1).
-        tune_alpha: Length penalties to try on the validation split; the best replaces
-            `alpha` (None: use `alpha`).
-        eval_limit: Score only the first N distinct sources of each split.
-        bleu_force: sacreBLEU's `force`, for text that looks tokenized.
-        validation_curve: Keep every checkpoint and score each on the validation split.
-        evaluate_only: Train nothing; score the run's saved models on the test split.
-        export_dir: Export `model.keras` as a SavedModel to EXPORT_DIR/VERSION/.
-    """
-
-    run_dir: str
-    steps: Optional[int] = None
-    epochs: Optional[float] = None
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 5
-    name: str = "run"
-    precision: str = "float32"
-    seed: int = 0
-    verbose: int = 1
-    distribute: str = "none"
-    model_parallel: int = 2
-    tokenizer: str = "sentencepiece"
-    vocab_size: int = 8000
-    separate_vocabularies: bool = False
-    max_sentence_length: int = 128
-    tokens_per_batch: int = 4096
-    bucket_width: int = 8
-    lr_scale: float = 1.0
-    cooldown_steps: Union[int, str] = 0
-    beam_size: int = 4
-    alpha: float = 0.6
-    tune_alpha: Optional[Sequence[float]] = None
-    eval_limit: Optional[int] = None
-    bleu_force: bool = False
-    validation_curve: bool = False
-    evaluate_only: bool = False
-    export_dir: Optional[str] = None
-
-    def __post_init__(self):
-        if (self.steps is None) == (self.epochs is None):
-            raise ValueError(f"Give steps or epochs, one of the two: got steps={self.steps} "
-                             f"and epochs={self.epochs}.")
-        for name in ("checkpoint_every", "keep_checkpoints", "model_parallel", "vocab_size",
-                     "max_sentence_length", "tokens_per_batch", "bucket_width", "beam_size"):
-            checks.check_positive_int(name, getattr(self, name))
-        for name in ("steps", "eval_limit"):
-            if getattr(self, name) is not None:
-                checks.check_positive_int(name, getattr(self, name))
-        if self.epochs is not None:
-            checks.check_positive_number("epochs", self.epochs)
-        checks.check_choice("precision", self.precision, PRECISIONS)
-        checks.check_choice("distribute", self.distribute, distribution.KINDS)
-        checks.check_choice("tokenizer", self.tokenizer, tokenizers.KINDS)
-        checks.check_choice("verbose", self.verbose, (0, 1, 2))
-        if self.tokens_per_batch < self.max_sentence_length:
-            raise ValueError(f"tokens_per_batch={self.tokens_per_batch} is below "
-                             f"max_sentence_length={self.max_sentence_length}: a batch must "
-                             "hold the longest sentence.")
-        cooldown_steps(self.cooldown_steps, 0)  # its form; its length is checked in `run`
-        if self.tune_alpha is not None:
-            alphas = tuple(self.tune_alpha)
-            if not alphas:
-                raise ValueError("tune_alpha is empty: give length penalties, or None.")
-            for alpha in alphas:
-                checks.check_non_negative_number("tune_alpha", alpha)
-            object.__setattr__(self, "tune_alpha", alphas)  # frozen
-
-
-def cooldown_steps(value, steps):
-    """The steps of a cooldown given as `value`: an int >= 0 of steps, or a str such
-    as "40%" of the run's `steps`."""
-    if isinstance(value, str) and value.endswith("%"):
-        try:
-            percent = float(value[:-1])
-        except ValueError:
-            percent = -1.0
-        if 0 <= percent <= 100:
-            return int(round(percent / 100 * steps))
-    elif not isinstance(value, str):
-        return checks.check_non_negative_int("cooldown_steps", value)
-    raise ValueError(f"cooldown_steps={value!r} must be steps (an integer >= 0) or a "
-                     "percentage of the run such as '40%'.")
 
 
 def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0):
@@ -190,13 +82,14 @@ def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0):
 
 class _Record:
     """results.json: a run's figures and the phases done, written atomically after each
-    phase. A run that is new, or trains further than the record, starts a new one."""
+    phase (by the chief alone: `write`). A run that is new, or trains further than the
+    record, starts a new one."""
 
-    def __init__(self, path, total_steps):
+    def __init__(self, path, total_steps, write=True):
         results = run_files.read_json(path, default={})
         if results.get("steps", 0) < total_steps:
             results = {}
-        self.path, self.results = path, results
+        self.path, self.results, self.write = path, results, write
         self.phases = results.setdefault("phases", [])
         self.done_before = list(self.phases)
         if self.phases:
@@ -209,7 +102,8 @@ class _Record:
         self.results.update(figures)
         if phase not in self.phases:
             self.phases.append(phase)
-        run_files.write_json(self.path, self.results)
+        if self.write:
+            run_files.write_json(self.path, self.results)
 
     def forget(self, phase):
         if phase in self.phases:
@@ -236,34 +130,46 @@ def run(splits, config, options):
         model's under "averaged"), "alpha_tuning", "validation_curve", "saved_model".
 
     Raises:
-        ValueError: A bad split, a config that does not fit the options, or a run
-            directory trained with another vocabulary layout or model.
+        ValueError: A bad split, a config that does not fit the options, a run
+            directory trained with another vocabulary layout or model, or a cluster
+            named in the environment with `distribute` other than "data" (or with
+            `evaluate_only`, which runs on one process).
         FileNotFoundError: `evaluate_only` without a finished run.
         keras_transformer.training.fit.NonFiniteLossError: The loss became NaN or
             infinite; the run directory keeps its last finite state.
+        keras_transformer.distribution.PeerLostError: A TensorFlow worker died
+            (a JAX process that loses a peer is ended by JAX's runtime).
     """
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown or "train" not in splits:
         raise ValueError(f"splits maps {', '.join(SPLITS)} to ParallelCorpus objects "
                          f"(train required), got {sorted(splits)}.")
-    keras.utils.set_random_seed(options.seed)
+    if options.evaluate_only and distribution.cluster_from_environment() is not None:
+        raise ValueError("evaluate_only scores on one process: run it without "
+                         "KERAS_DISTRIBUTION_* or TF_CONFIG in the environment.")
+    # First: a cluster's engine starts before any computation.
+    distributed = (distribution.Distributed("none", "one device") if options.evaluate_only
+                   else distribution.setup(options.distribute, options.model_parallel,
+                                           peer_timeout=options.peer_timeout))
+    keras.utils.set_random_seed(options.seed)  # the same initial weights in every process
     keras.config.set_dtype_policy(options.precision)
-    os.makedirs(options.run_dir, exist_ok=True)
     print(f"Run {options.name}: backend {keras.backend.backend()}, precision "
           f"{options.precision}, run directory {options.run_dir}")
-    # A resumed run (or the same command again) reads its compiled steps back.
-    backend.use_compilation_cache(run_files.path(options.run_dir, run_files.COMPILATION_CACHE))
+    if distributed.is_chief:
+        os.makedirs(options.run_dir, exist_ok=True)
+        # A resumed run (or the same command again) reads its compiled steps back.
+        backend.use_compilation_cache(run_files.path(options.run_dir,
+                                                     run_files.COMPILATION_CACHE))
     train, validation, test = (splits.get(name) or ParallelCorpus([], []) for name in SPLITS)
     print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
           f"{len(test.sources)} test")
     if options.evaluate_only:
         return _evaluate_again(options, test)
 
-    distributed = distribution.setup(options.distribute, options.model_parallel)
     if distributed.kind != "none":
         print(f"Devices: {distributed.description}")
-    source_tokenizer, target_tokenizer = learn_or_load_tokenizers(
-        options.run_dir, train, options.vocab_size, options.tokenizer,
+    source_tokenizer, target_tokenizer = shared_tokenizers(
+        distributed, options.run_dir, train, options.vocab_size, options.tokenizer,
         options.separate_vocabularies)
     sizes = {"vocab_size": source_tokenizer.vocab_size, "target_vocab_size": None}
     if options.separate_vocabularies:
@@ -280,7 +186,7 @@ def run(splits, config, options):
                         tokens_per_batch=options.tokens_per_batch,
                         bucket_width=options.bucket_width,
                         batch_multiple=distributed.batch_multiple,
-                        source_vocab_size=config.vocab_size,
+                        shard=distributed.input_shard, source_vocab_size=config.vocab_size,
                         target_vocab_size=config.resolved_target_vocab_size)
     train_dataset, train_stats = make_dataset(
         train.sources, train.targets, repeat=True, seed=options.seed,
@@ -296,12 +202,35 @@ def run(splits, config, options):
         total_steps = max(1, int(round(options.epochs * batches)))
         print(f"Steps: {options.epochs} epochs x {batches} batches = {total_steps} steps")
 
-    record = _Record(run_files.path(options.run_dir, run_files.RESULTS), total_steps)
-    for directory in (options.run_dir, run_files.path(options.run_dir, run_files.CHECKPOINTS)):
-        run_files.remove_partials(directory)  # saves that a kill cut short
-    model = _train(record, config, options, total_steps, distributed, train_dataset,
-                   validation_dataset)
-    tokenizer_pair = (source_tokenizer, target_tokenizer)
+    record = _Record(run_files.path(options.run_dir, run_files.RESULTS), total_steps,
+                     write=distributed.is_chief)
+    if distributed.is_chief:
+        for directory in (options.run_dir,
+                          run_files.path(options.run_dir, run_files.CHECKPOINTS)):
+            run_files.remove_partials(directory)  # saves that a kill cut short
+    with distributed.lost_peers():
+        model = _train(record, config, options, total_steps, distributed, train_dataset,
+                       validation_dataset)
+    model_path = run_files.path(options.run_dir, run_files.MODEL)
+    if distributed.cluster is None:
+        return _after_training(record, options, model, (source_tokenizer, target_tokenizer),
+                               validation, test)
+    distributed.after_training()
+    if not distributed.is_chief:
+        distributed.finish()
+        print("Training done: the chief (process 0) saves, averages and scores the model.")
+        return record.results
+    # The chief goes on alone, with the model on its own devices.
+    try:
+        return _after_training(record, options, run_files.load_model(model_path),
+                               (source_tokenizer, target_tokenizer), validation, test)
+    finally:
+        distributed.finish()
+
+
+def _after_training(record, options, model, tokenizer_pair, validation, test):
+    """The phases after "saved", on one process: averaging, α tuning, the test
+    scores, the validation curve and the export."""
     model_path = run_files.path(options.run_dir, run_files.MODEL)
     averaged_path = run_files.path(options.run_dir, run_files.AVERAGED_MODEL)
     checkpoints = list_checkpoints(run_files.path(options.run_dir, run_files.CHECKPOINTS))
@@ -347,7 +276,7 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
     model_path = run_files.path(options.run_dir, run_files.MODEL)
     if "saved" in record:
         print(f"Model: {model_path}, trained {record.results['steps']} steps")
-        return run_files.load_model(model_path)
+        return run_files.load_model(model_path) if distributed.cluster is None else None
     # fit_steps trains whole windows: the cooldown ends with the last one.
     every = min(options.checkpoint_every, total_steps)
     trained_steps = -(-total_steps // every) * every
@@ -361,12 +290,15 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
     print(f"Model: {model.count_params():,} parameters, "
           f"{json.dumps(dataclasses.asdict(config))}")
     start = time.time()
-    # Resumes from the backup: after a kill, or with nothing left to train when only
-    # the final save was missing.
-    history = fit_steps(model, train_dataset, options.run_dir, total_steps,
-                        checkpoint_every=every, validation_dataset=validation_dataset,
-                        keep_checkpoints=None if options.validation_curve
-                        else options.keep_checkpoints, verbose=options.verbose)
+    with distributed.writes_to(options.run_dir) as save_dir:
+        # Resumes from the backup: after a kill, or with nothing left to train when
+        # only the final save was missing.
+        history = fit_steps(model, train_dataset, options.run_dir, total_steps,
+                            checkpoint_every=every, validation_dataset=validation_dataset,
+                            keep_checkpoints=None if options.validation_curve
+                            else options.keep_checkpoints, verbose=options.verbose,
+                            save_dir=save_dir)
+        run_files.save_model(model, run_files.path(save_dir, run_files.MODEL))
     steps = optimizer_step(model)
     if "training" not in record:
         seconds = time.time() - start
@@ -376,8 +308,8 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
         record.finish("training", recipe=options.name, backend=keras.backend.backend(),
                       steps=steps, train_seconds=round(seconds, 1),
                       parameters=model.count_params())
-    run_files.save_model(model, model_path)
-    print(f"Saved {model_path} (tokenizer beside it)")
+    if distributed.is_chief:
+        print(f"Saved {model_path} (tokenizer beside it)")
     record.finish("saved")
     return model
 

@@ -4,6 +4,8 @@
 vocabulary" (§5.1). A run learns its vocabulary (shared, or one per language) on the
 training split the first time, saves it in the run directory, and reads it back when it
 resumes: the checkpoints' embeddings are sized to it, so it must never change under them.
+In a run of several processes the chief learns it and the others read it
+(`shared_tokenizers`).
 """
 
 import contextlib
@@ -50,6 +52,32 @@ def learn_or_load_tokenizers(run_dir, corpus, vocab_size, kind="sentencepiece",
           f"{' and '.join(str(t.vocab_size) for t in learned)} tokens in "
           f"{time.time() - start:.0f} s")
     return learned[0], learned[-1]
+
+
+def shared_tokenizers(distributed, run_dir, corpus, vocab_size, kind="sentencepiece",
+                      separate=False):
+    """`learn_or_load_tokenizers` in a run of one or several processes: the chief
+    (`distributed.is_chief`) learns or reads the tokenizers and saves them; the other
+    processes wait for it (`distributed.barrier`), then read them from `run_dir`, which
+    every process must see at the same path.
+
+    Raises:
+        FileNotFoundError: A process other than the chief finds no tokenizer in
+            `run_dir` once the chief has saved it: the folder is not shared.
+    """
+    if distributed.is_chief:
+        pair = learn_or_load_tokenizers(run_dir, corpus, vocab_size, kind, separate)
+    distributed.barrier("tokenizers")
+    if distributed.is_chief:
+        return pair
+    directories = run_files.tokenizer_directories(run_dir, separate)
+    if not all(os.path.exists(os.path.join(d, "tokenizer.json")) for d in directories):
+        raise FileNotFoundError(
+            f"Process {distributed.cluster.process_id} finds no tokenizer in {run_dir} after "
+            "the chief saved it there: the run directory must be a folder that every process "
+            "shares at the same path (one machine, NFS, a ReadWriteMany volume).")
+    print(f"Tokenizer: reading the chief's {', '.join(directories)}")
+    return run_files.load_tokenizers(run_dir)
 
 
 @contextlib.contextmanager

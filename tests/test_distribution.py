@@ -1,6 +1,8 @@
 """keras_transformer/distribution.py on 4 virtual CPU devices: data (and, on
 JAX, model) parallel training gives the loss of one device with the same
-global batch, and the model-parallel layout really splits the weights.
+global batch, and the model-parallel layout really splits the weights; the
+cluster that the environment names, and what a cluster refuses (the clusters
+themselves train in tests/test_multiprocess.py).
 
 Devices are split before the backend starts, so each case runs in a fresh
 process for the backend under test."""
@@ -150,3 +152,73 @@ def test_batches_become_multiples_of_the_replica_count():
         rows += int((labels.numpy() != tokenizer.pad_id).any(axis=1).sum())
     assert batches > 0
     assert rows == len(sentences), "padding rows hold no tokens"
+
+
+def jax_cluster(process_id, count=2, addresses="10.0.0.1:1234"):
+    return {"KERAS_DISTRIBUTION_JOB_ADDRESSES": addresses,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(count),
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(process_id)}
+
+
+def tf_cluster(jobs, task_type, index):
+    return {"TF_CONFIG": json.dumps({"cluster": jobs,
+                                     "task": {"type": task_type, "index": index}})}
+
+
+def test_the_environment_names_the_cluster_by_the_engines_own_variables():
+    cluster = distribution.cluster_from_environment
+    assert cluster({}) is None
+    assert cluster(jax_cluster(1)) == distribution.Cluster(
+        "KERAS_DISTRIBUTION_*", 1, 2, "10.0.0.1:1234")
+    # Every process's address, or the coordinator's alone: process 0's is the first.
+    assert cluster(jax_cluster(0, addresses="10.0.0.1:1234,10.0.0.2:2345")).coordinator == (
+        "10.0.0.1:1234")
+    two_workers = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
+    assert cluster(tf_cluster(two_workers, "worker", 1)) == distribution.Cluster(
+        "TF_CONFIG", 1, 2)
+    # A chief task comes first, as in TensorFlow.
+    with_chief = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]}
+    assert cluster(tf_cluster(with_chief, "chief", 0)).process_id == 0
+    assert cluster(tf_cluster(with_chief, "worker", 0)).process_id == 1
+    # One process is no cluster.
+    assert cluster(jax_cluster(0, count=1)) is None
+    assert cluster(tf_cluster({"worker": ["10.0.0.1:2222"]}, "worker", 0)) is None
+
+
+@pytest.mark.parametrize("environment, message", [
+    ({"KERAS_DISTRIBUTION_PROCESS_ID": "0"}, "KERAS_DISTRIBUTION_JOB_ADDRESSES, "
+                                             "KERAS_DISTRIBUTION_NUM_PROCESSES unset"),
+    (jax_cluster(2), "PROCESS_ID=2 must be an integer from 0"),
+    (jax_cluster("one"), "PROCESS_ID=one must be an integer"),
+    (jax_cluster(0, addresses="a:1,b:2,c:3"), "names 3 processes"),
+    (tf_cluster({"worker": ["a:1"], "ps": ["b:1"]}, "worker", 0), "chief and worker tasks"),
+    (tf_cluster({"worker": ["a:1", "b:1"]}, "worker", 2), "as worker 2"),
+    ({"TF_CONFIG": "{worker"}, "TF_CONFIG must be JSON"),
+    (dict(jax_cluster(0), TF_CONFIG="{}"), "Both KERAS_DISTRIBUTION_"),
+])
+def test_a_malformed_cluster_is_refused_naming_the_variable(environment, message):
+    with pytest.raises(ValueError, match=message):
+        distribution.cluster_from_environment(environment)
+
+
+@pytest.mark.parametrize("environment", [jax_cluster(1), tf_cluster(
+    {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker", 1)], ids=["jax", "tensorflow"])
+def test_a_cluster_trains_data_parallel_on_its_own_engine(monkeypatch, environment):
+    # Each refusal comes before the engine starts, so the test process can hear it.
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    engine = "jax" if "TF_CONFIG" not in environment else "tensorflow"
+    if BACKEND == "torch":
+        with pytest.raises(ValueError, match="torch backend has no multi-process fit"):
+            distribution.setup("data")
+        return
+    if BACKEND != engine:
+        with pytest.raises(ValueError, match=f"KERAS_BACKEND={engine}"):
+            distribution.setup("data")
+        return
+    with pytest.raises(ValueError, match="pass --distribute data.*each writing the run"):
+        distribution.setup("none")
+    with pytest.raises(ValueError, match="pass --distribute data.*splits weights across hosts"):
+        distribution.setup("model")
+    with pytest.raises(ValueError, match="devices cannot be chosen for a cluster"):
+        distribution.setup("data", devices=["cpu:0"])

@@ -140,3 +140,32 @@ def test_window_clock_times_each_window_and_its_validation_pass():
 def test_time_budget_must_be_positive(seconds):
     with pytest.raises(ValueError, match="positive"):
         TimeBudget(seconds)
+
+
+def files_of(directory):
+    """{relative path: (size, modification time)} of every file under `directory`."""
+    found = {}
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(folder, name)
+            found[os.path.relpath(path, directory)] = (os.path.getsize(path),
+                                                        os.stat(path).st_mtime_ns)
+    return found
+
+
+def test_a_process_other_than_the_chief_restores_the_chiefs_backup_and_writes_elsewhere(
+        tmp_path):
+    run_dir, own = tmp_path / "run", tmp_path / "own"
+    fit_steps(compiled_tiny_model(1e-3), reverse_dataset(), run_dir, 2, checkpoint_every=2,
+              verbose=0)
+    before = files_of(run_dir)
+    model = compiled_tiny_model(1e-3)
+    history = fit_steps(model, reverse_dataset(), run_dir, 4, checkpoint_every=2, verbose=0,
+                        save_dir=own)
+    assert len(history.history["loss"]) == 1  # resumed from the chief's window 1
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+    assert files_of(run_dir) == before  # untouched
+    assert checkpoint_steps(run_files.path(own, run_files.CHECKPOINTS)) == [4]
+    with open(os.path.join(run_files.path(own, run_files.BACKUP), "state.json")) as f:
+        assert json.load(f)["step"] == 4
+    assert os.path.exists(run_files.path(own, run_files.TRAINING_LOG))

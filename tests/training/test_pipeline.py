@@ -7,7 +7,12 @@ import pytest
 import keras_transformer as kt
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
-from keras_transformer.training.pipeline import bucket_plan, encode_pairs, make_dataset
+from keras_transformer.training.pipeline import (
+    _pair_order,
+    bucket_plan,
+    encode_pairs,
+    make_dataset,
+)
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +178,42 @@ def test_stats_give_the_padding_share_and_the_bucket_shapes():
     assert stats.target_padding == pytest.approx(1 - 4 / 24)
     assert "2 bucket shapes, padding 50% of source and 83% of target positions" in \
         stats.summary()
+
+
+def test_each_process_feeds_its_rows_of_every_global_batch(corpus_and_tokenizer):
+    corpus, tokenizer = corpus_and_tokenizer
+    arguments = dict(max_sentence_length=16, tokens_per_batch=128, repeat=True, seed=5,
+                     verbose=False, batch_multiple=4)
+    whole, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, **arguments)
+    halves = [make_dataset(corpus.sources, corpus.targets, tokenizer, shard=(index, 2),
+                           **arguments)[0] for index in (0, 1)]
+    global_batches = batches(whole.take(40))
+    for (x, y), first, second in zip(global_batches, *(batches(h.take(40)) for h in halves)):
+        assert first[1].shape[0] == second[1].shape[0] == y.shape[0] // 2
+        np.testing.assert_array_equal(np.concatenate([first[1], second[1]]), y)
+        np.testing.assert_array_equal(
+            np.concatenate([first[0]["source"], second[0]["source"]]), x["source"])
+    # Every iterator draws the same batches (every process builds its own).
+    for (x, y), (again_x, again_y) in zip(global_batches, batches(whole.take(40))):
+        np.testing.assert_array_equal(y, again_y)
+
+
+def test_each_pass_over_the_pairs_comes_in_a_new_order_made_from_the_seed():
+    def order(**arguments):
+        return [int(i) for i in _pair_order(10, **arguments).take(30)]
+
+    passes = order(shuffle=True, repeat=True, seed=5)
+    assert [sorted(passes[k:k + 10]) for k in (0, 10, 20)] == [list(range(10))] * 3
+    assert len({tuple(passes[k:k + 10]) for k in (0, 10, 20)}) == 3
+    assert passes == order(shuffle=True, repeat=True, seed=5)
+    assert passes != order(shuffle=True, repeat=True, seed=6)
+    assert order(shuffle=False, repeat=True, seed=5) == list(range(10)) * 3
+    assert order(shuffle=True, repeat=False, seed=5) == passes[:10]
+
+
+@pytest.mark.parametrize("shard", [(0, 3), (2, 2), (-1, 2)])
+def test_a_shard_must_take_a_whole_part_of_every_batch(corpus_and_tokenizer, shard):
+    corpus, tokenizer = corpus_and_tokenizer
+    with pytest.raises(ValueError, match="shard="):
+        make_dataset(corpus.sources, corpus.targets, tokenizer, batch_multiple=4, shard=shard,
+                     verbose=False)

@@ -74,6 +74,15 @@ def test_evaluate_only_needs_a_finished_run(tmp_path, splits):
         run(splits, CONFIG, options)
 
 
+def test_evaluate_only_scores_on_one_process(tmp_path, splits, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+                                    '"task": {"type": "worker", "index": 0}}')
+    options = RunOptions(str(tmp_path / "run"), steps=2, evaluate_only=True, **FAST)
+    with pytest.raises(ValueError, match="evaluate_only scores on one process"):
+        run(splits, CONFIG, options)
+    assert not os.listdir(tmp_path)
+
+
 def test_a_config_shorter_than_the_training_sentences_is_refused(tmp_path, splits):
     options = RunOptions(str(tmp_path / "run"), steps=2, **FAST)
     with pytest.raises(ValueError, match="max_length=16 is below max_sentence_length=32"):
@@ -98,6 +107,7 @@ def test_splits_other_than_train_validation_and_test_are_refused(tmp_path, split
     (dict(steps=10, cooldown_steps=-3), "cooldown_steps=-3 must be a non-negative integer"),
     (dict(steps=10, tune_alpha=()), "tune_alpha is empty"),
     (dict(steps=10, tune_alpha=(0.6, -1)), "tune_alpha=-1 must be a number >= 0"),
+    (dict(steps=10, peer_timeout=0), "peer_timeout=0 must be a positive integer"),
 ])
 def test_impossible_options_are_refused_where_they_are_made(changes, message):
     with pytest.raises(ValueError, match=message):

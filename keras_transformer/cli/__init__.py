@@ -15,9 +15,11 @@ Translate, evaluate, plot, average, export and serve:
 
 Training lives in the recipes (`python -m recipes.NAME --help`), whose options are built
 by `recipe.py`. The package is the outermost ring: `parser.py` reads the command line,
-`commands.py` calls the library (§6.1 decoding, the paper's figures, checkpoint averaging,
-export and serving), `options.py` holds the options that the commands and the recipes
-share, and `errors.py` turns a user's mistake into one `error:` line and exit status 2.
+`translate.py` translates sentences, files and pipes line by line as they arrive (§6.1
+decoding), `commands.py` calls the library for the rest (evaluation, the paper's figures,
+checkpoint averaging, export and serving), `options.py` holds the options that the
+commands and the recipes share, and `errors.py` turns a user's mistake into one `error:`
+line and exit status 2.
 Nothing here imports Keras until a command runs, so that an unknown `KERAS_BACKEND` is
 one line rather than a traceback.
 """

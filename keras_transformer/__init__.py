@@ -5,9 +5,9 @@ Runs unchanged on the TensorFlow, JAX and PyTorch backends (`KERAS_BACKEND`).
 
 import os
 
-from keras_transformer.logs import quiet_command_line
+from keras_transformer.logs import hide_native_logs
 
-quiet_command_line()  # before Keras loads TensorFlow: see keras_transformer.logs
+hide_native_logs()  # before Keras loads TensorFlow: see keras_transformer.logs
 
 from keras_transformer.backend import check_backend_name  # noqa: E402
 

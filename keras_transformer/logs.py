@@ -97,9 +97,6 @@ def hide_native_logs(argv=None):
         sys.meta_path.insert(0, _QuietTensorFlowImport())
 
 
-# The name the package's `__init__` calls.
-quiet_command_line = hide_native_logs
-
 
 def show_native_logs():
     """Shows every native log line from now on (`--native-logs`), in this process and

@@ -380,6 +380,13 @@ class Transformer(keras.Model):
             jit_compile = True
         super().compile(*args, jit_compile=jit_compile, **kwargs)
 
+    def compile_from_config(self, config):
+        """Compiles a model that `keras.saving.load_model` loads, as it was saved
+        (Keras skips, with a warning, any model whose `compile` is overridden)."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)  # its variables, for the weights
+
     def fit(self, x=None, y=None, *args, validation_data=None, **kwargs):
         """`keras.Model.fit`, with every id checked where it enters.
 

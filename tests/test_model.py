@@ -296,6 +296,30 @@ def test_save_and_load_give_identical_logits(tmp_path):
     np.testing.assert_array_equal(logits_of(revived, inputs), logits_of(model, inputs))
 
 
+def test_a_compiled_model_loads_compiled_with_its_optimizer_state(tmp_path):
+    import warnings
+
+    import keras_transformer as kt
+
+    model = tiny_model()
+    model.compile(optimizer=kt.paper_adam(model.config.d_model, 10),
+                  loss=kt.LabelSmoothedCrossEntropy(0.1))
+    inputs = batch()
+    labels = inputs["target"]
+    model.train_on_batch(inputs, labels)
+    model.save(tmp_path / "model.keras")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras's "compile() was not called" among others
+        revived = keras.saving.load_model(tmp_path / "model.keras")
+    assert isinstance(revived.loss, kt.LabelSmoothedCrossEntropy)
+    assert int(keras.ops.convert_to_numpy(revived.optimizer.iterations)) == 1
+    for ours, theirs in zip(model.optimizer.variables, revived.optimizer.variables):
+        np.testing.assert_array_equal(to_numpy(theirs), to_numpy(ours))
+    # Both take the same second step.
+    np.testing.assert_allclose(revived.train_on_batch(inputs, labels),
+                               model.train_on_batch(inputs, labels), rtol=1e-5)
+
+
 def test_config_round_trip():
     model = tiny_model(norm_position="pre")
     revived = Transformer.from_config(model.get_config())

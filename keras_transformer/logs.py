@@ -97,7 +97,6 @@ def hide_native_logs(argv=None):
         sys.meta_path.insert(0, _QuietTensorFlowImport())
 
 
-
 def show_native_logs():
     """Shows every native log line from now on (`--native-logs`), in this process and
     in the processes it starts (the export's TensorFlow process)."""

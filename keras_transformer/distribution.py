@@ -288,8 +288,10 @@ def setup(kind="none", model_parallel=2, devices=None, peer_timeout=PEER_TIMEOUT
         devices = devices or [device.name for device in (
             tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))]
         strategy = tf.distribute.MirroredStrategy(devices)
-        return Distributed("data", f"tf.distribute.MirroredStrategy over "
-                           f"{strategy.num_replicas_in_sync} replicas", strategy=strategy)
+        # Equal replica batches: Keras builds the model from their mean (a reduce).
+        replicas = strategy.num_replicas_in_sync
+        return Distributed("data", f"tf.distribute.MirroredStrategy over {replicas} replicas",
+                           batch_multiple=replicas, strategy=strategy)
     raise ValueError(
         f"Distributed training is not wired for the {backend} backend: use KERAS_BACKEND=jax "
         "(data or model parallel) or tensorflow (data parallel), or --distribute none."

@@ -69,12 +69,14 @@ class Cluster:
         process_id: This process, 0 (the chief) to `process_count - 1`.
         process_count: The processes in all.
         coordinator: JAX's coordinator address (process 0's host:port); None for TF.
+        task: TF_CONFIG's name of this process ("worker 1"); None for JAX.
     """
 
     variables: str
     process_id: int
     process_count: int
     coordinator: str = None
+    task: str = None
 
 
 def cluster_from_environment(environ=None):
@@ -126,7 +128,7 @@ def _tf_cluster(text):
         raise ValueError(f"TF_CONFIG names the tasks {sorted(jobs)} and this process as "
                          f"{task[0]} {task[1]}: MultiWorkerMirroredStrategy trains with the "
                          "chief and worker tasks of the cluster, and this task must be one.")
-    return Cluster("TF_CONFIG", tasks.index(task), len(tasks))
+    return Cluster("TF_CONFIG", tasks.index(task), len(tasks), task=f"{task[0]} {task[1]}")
 
 
 class Distributed:
@@ -226,7 +228,10 @@ class Distributed:
         else:
             import tensorflow as tf
 
-            lost, name = (tf.errors.UnavailableError, tf.errors.AbortedError), _tf_tasks
+            lost = (tf.errors.UnavailableError, tf.errors.AbortedError)
+
+            def name(error):
+                return _tf_tasks(error, self.cluster.task)
         try:
             yield
         except lost as error:
@@ -240,12 +245,13 @@ class Distributed:
         return f"Distributed({self.description})"
 
 
-def _tf_tasks(error):
-    """The tasks that TensorFlow's `error` says it stopped hearing from (the failed op's
-    own device, named before, is left out)."""
+def _tf_tasks(error, own):
+    """The tasks other than `own` that TensorFlow's `error` names, those it stopped
+    hearing from when it lists them."""
     listed = error.message.split("unhealthy", 1)[-1]
-    tasks = sorted(set(re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", listed)))
-    return " and ".join(f"{job} {task} of TF_CONFIG" for job, task in tasks) or (
+    tasks = {f"{job} {task}" for job, task in re.findall(
+        r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)", listed)} - {own}
+    return " and ".join(f"{task} of TF_CONFIG" for task in sorted(tasks)) or (
         "a process of the cluster")
 
 

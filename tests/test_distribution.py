@@ -176,7 +176,7 @@ def test_the_environment_names_the_cluster_by_the_engines_own_variables():
         "10.0.0.1:1234")
     two_workers = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
     assert cluster(tf_cluster(two_workers, "worker", 1)) == distribution.Cluster(
-        "TF_CONFIG", 1, 2)
+        "TF_CONFIG", 1, 2, task="worker 1")
     # A chief task comes first, as in TensorFlow.
     with_chief = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"]}
     assert cluster(tf_cluster(with_chief, "chief", 0)).process_id == 0
@@ -223,3 +223,38 @@ def test_a_cluster_trains_data_parallel_on_its_own_engine(monkeypatch, environme
         distribution.setup("model")
     with pytest.raises(ValueError, match="devices cannot be chosen for a cluster"):
         distribution.setup("data", devices=["cpu:0"])
+
+
+# What each engine raises when a peer is gone, as the tests' killed processes showed it.
+LOST_PEER = {
+    "jax": "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] "
+           "Connection closed by peer [127.0.0.1]:24473",
+    "tensorflow": "{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/"
+                  "task:0/device:CPU:0}} Collective ops is aborted by: Error reported from "
+                  "/job:worker/task:1: The following tasks are unhealthy (stopped sending "
+                  "heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have crashed.",
+}
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="torch trains no cluster")
+def test_a_lost_peer_becomes_one_error_that_names_it():
+    cluster = distribution.Cluster("TF_CONFIG", 0, 2, task="worker 0") if (
+        BACKEND == "tensorflow") else distribution.Cluster("KERAS_DISTRIBUTION_*", 0, 2, "h:1")
+    distributed = distribution.Distributed("data", "two processes", cluster=cluster)
+    if BACKEND == "jax":
+        import jax
+
+        lost, named = jax.errors.JaxRuntimeError(LOST_PEER["jax"]), (
+            r"Lost a process of the cluster \(JAX's collectives: .*Connection closed by peer "
+            r"\[127.0.0.1\]:24473\)")
+    else:
+        import tensorflow as tf
+
+        lost = tf.errors.UnavailableError(None, None, LOST_PEER["tensorflow"])
+        named = "Lost worker 1 of TF_CONFIG, so training stopped"
+    with pytest.raises(distribution.PeerLostError, match=named):
+        with distributed.lost_peers():
+            raise lost
+    with pytest.raises(ValueError, match="not a peer"):  # other errors pass through
+        with distributed.lost_peers():
+            raise ValueError("not a peer")

@@ -10,7 +10,7 @@ several hosts.
   by vocabulary rows, attention projections by heads, the feed-forward layers
   by their inner width (the Megatron-LM split), the rest replicated.
 * TensorFlow, `kind="data"`: `tf.distribute.MirroredStrategy` over the local
-  devices; model parallelism runs on JAX.
+  GPUs, else the logical CPUs; model parallelism runs on JAX.
 * PyTorch: one device; `kind` must be "none".
 
 Several processes (one per host, or several on one machine) form a cluster by the
@@ -39,6 +39,7 @@ global batch (`keras_transformer.backend.global_sum`), not by each replica's.
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -51,8 +52,7 @@ KINDS = ("none", "data", "model")
 # The variables of `keras.distribution.initialize`, which name a JAX cluster.
 JAX_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
                  "KERAS_DISTRIBUTION_PROCESS_ID")
-# Seconds without a heartbeat after which JAX's coordinator declares a process dead
-# and stops the others (JAX's own default is 100).
+# Seconds of silence after which JAX's coordinator ends a cluster (JAX's default: 100).
 PEER_TIMEOUT = 60
 
 
@@ -222,16 +222,12 @@ class Distributed:
         if keras.backend.backend() == "jax":
             import jax
 
-            lost, name = (jax.errors.JaxRuntimeError,), lambda error: (
-                "Gloo" in str(error) and "a process of the cluster (JAX's collectives: "
-                + str(error).strip().splitlines()[0] + ")")
+            lost, name = jax.errors.JaxRuntimeError, _jax_peer
         else:
             import tensorflow as tf
 
             lost = (tf.errors.UnavailableError, tf.errors.AbortedError)
-
-            def name(error):
-                return _tf_tasks(error, self.cluster.task)
+            name = functools.partial(_tf_tasks, own=self.cluster.task)
         try:
             yield
         except lost as error:
@@ -243,6 +239,14 @@ class Distributed:
 
     def __repr__(self):
         return f"Distributed({self.description})"
+
+
+def _jax_peer(error):
+    """What JAX's `error` says of a lost process (its collectives' transport, Gloo on a
+    CPU, names the address), or None for another error."""
+    if "Gloo" in str(error):
+        return f"a process of the cluster (JAX's collectives: {str(error).strip().splitlines()[0]})"
+    return None
 
 
 def _tf_tasks(error, own):

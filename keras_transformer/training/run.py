@@ -298,16 +298,16 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
                             keep_checkpoints=None if options.validation_curve
                             else options.keep_checkpoints, verbose=options.verbose,
                             save_dir=save_dir)
+        steps = optimizer_step(model)
+        if "training" not in record:
+            seconds = time.time() - start
+            now = len(history.epoch) * every
+            print(f"Trained {steps} steps in {seconds:.0f} s" if now == steps else
+                  f"Trained to step {steps} ({now} steps in this run) in {seconds:.0f} s")
+            record.finish("training", recipe=options.name, backend=keras.backend.backend(),
+                          steps=steps, train_seconds=round(seconds, 1),
+                          parameters=model.count_params())
         run_files.save_model(model, run_files.path(save_dir, run_files.MODEL))
-    steps = optimizer_step(model)
-    if "training" not in record:
-        seconds = time.time() - start
-        now = len(history.epoch) * every
-        print(f"Trained {steps} steps in {seconds:.0f} s" if now == steps else
-              f"Trained to step {steps} ({now} steps in this run) in {seconds:.0f} s")
-        record.finish("training", recipe=options.name, backend=keras.backend.backend(),
-                      steps=steps, train_seconds=round(seconds, 1),
-                      parameters=model.count_params())
     if distributed.is_chief:
         print(f"Saved {model_path} (tokenizer beside it)")
     record.finish("saved")

@@ -16,8 +16,10 @@ from helpers import REPOSITORY, shared_data
 import keras_transformer as kt
 from keras_transformer import cli
 from keras_transformer.cli import errors
+from keras_transformer.distribution import PeerLostError
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
+from keras_transformer.training.fit import NonFiniteLossError
 from recipes import anki, multi30k, quickstart, table3
 
 TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
@@ -182,6 +184,10 @@ def test_every_recipe_ends_a_mistake_with_one_error_line(module, argv, message, 
      2, "error: recipes.wmt14 needs tensorflow-datasets: pip install tensorflow-datasets"),
     (FileExistsError("runs/x/model_averaged.keras exists"), 2,
      "error: runs/x/model_averaged.keras exists"),
+    # A run that failed, not a mistake in the command: status 1.
+    (NonFiniteLossError("The loss became nan at step 7"), 1,
+     "error: The loss became nan at step 7"),
+    (PeerLostError("Lost worker 1 of TF_CONFIG"), 1, "error: Lost worker 1 of TF_CONFIG"),
 ])
 def test_interrupts_and_missing_packages_are_one_line(raised, status, message, capsys):
     def main():

@@ -40,9 +40,9 @@ def check_backend():
 @contextlib.contextmanager
 def user_errors():
     """Runs the block; a user's mistake (`USER_ERRORS`, or a missing optional package)
-    becomes one `error:` line and exit status 2, a NaN or infinite training loss one
-    line and status 1, Ctrl-C a quiet exit with status 130 and a closed stdout
-    (`| head`) a quiet exit with status 1, as Unix tools do."""
+    becomes one `error:` line and exit status 2, a NaN or infinite training loss or a
+    cluster's lost process one line and status 1, Ctrl-C a quiet exit with status 130
+    and a closed stdout (`| head`) a quiet exit with status 1, as Unix tools do."""
     try:
         yield
     except BrokenPipeError:
@@ -58,14 +58,22 @@ def user_errors():
         if name == "keras_transformer" or name.startswith("keras_transformer."):
             raise
         fail(error)
-    except USER_ERRORS as error:
-        fail(error)
-    except RuntimeError as error:
-        # Only training raises it, so the module is loaded when it is raised.
-        fit = sys.modules.get("keras_transformer.training.fit")
-        if fit is None or not isinstance(error, fit.NonFiniteLossError):
+    except (*USER_ERRORS, RuntimeError) as error:
+        if _failed_run(error):
+            fail(error, status=1)
+        if not isinstance(error, USER_ERRORS):
             raise
-        fail(error, status=1)
+        fail(error)
+
+
+def _failed_run(error):
+    """Whether `error` says that a run failed rather than that it was asked
+    wrongly: training's NaN loss, or a cluster's lost process (only training
+    raises them, so their modules are loaded by then)."""
+    failed = [getattr(sys.modules.get(module), name, None) for module, name in (
+        ("keras_transformer.training.fit", "NonFiniteLossError"),
+        ("keras_transformer.distribution", "PeerLostError"))]
+    return isinstance(error, tuple(kind for kind in failed if kind is not None))
 
 
 @contextlib.contextmanager

@@ -43,9 +43,14 @@ OPTIONS = {
                          "when it is a terminal), 2 one line per window"),
     "distribute": dict(choices=("none", "data", "model"), default="none",
                        help="several devices: data parallel (JAX DataParallel, TF "
-                            "MirroredStrategy) or model parallel (JAX ModelParallel)"),
+                            "MirroredStrategy) or model parallel (JAX ModelParallel); data "
+                            "parallel over several processes when KERAS_DISTRIBUTION_* or "
+                            "TF_CONFIG names a cluster (docs/distributed.md)"),
     "model_parallel": dict(type=positive_int, default=2,
                            help="with --distribute model: devices along the model axis"),
+    "peer_timeout": dict(type=positive_int, default=60,
+                         help="seconds after which a JAX cluster declares a silent process "
+                              "dead and stops the others (TensorFlow: 10 s)"),
     "steps": dict(type=positive_int, help="optimizer steps in all (the paper counts steps)"),
     "epochs": dict(type=positive_float, help="passes over the training data, converted to steps"),
     "checkpoint_every": dict(type=positive_int, default=500,
@@ -126,7 +131,8 @@ OPTIONS = {
 # The help's groups; ("steps", "epochs") is a choice of one.
 GROUPS = (
     ("run", ("run_dir", "precision", "seed", "native_logs", "verbose", "distribute",
-             "model_parallel", ("steps", "epochs"), "checkpoint_every", "keep_checkpoints")),
+             "model_parallel", "peer_timeout", ("steps", "epochs"), "checkpoint_every",
+             "keep_checkpoints")),
     ("data", ("tokenizer", "vocab_size", "separate_vocabularies", "max_sentence_length",
               "tokens_per_batch", "bucket_width")),
     ("model (TransformerConfig; unset options keep the preset)",

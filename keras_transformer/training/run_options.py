@@ -50,7 +50,8 @@ class RunOptions:
         tune_alpha: Length penalties to try on the validation split; the best replaces
             `alpha` (None: use `alpha`).
         eval_limit: Score only the first N distinct sources of each split.
-        bleu_force: sacreBLEU's `force`, for text that looks tokenized.
+        bleu_force: sacreBLEU's `force`, for text that looks tokenized (None: warn only
+            where the hypotheses look more tokenized than the references).
         validation_curve: Keep every checkpoint and score each on the validation split.
         evaluate_only: Train nothing; score the run's saved models on the test split.
         export_dir: Export `model.keras` as a SavedModel to EXPORT_DIR/VERSION/.
@@ -80,7 +81,7 @@ class RunOptions:
     alpha: float = 0.6
     tune_alpha: Optional[Sequence[float]] = None
     eval_limit: Optional[int] = None
-    bleu_force: bool = False
+    bleu_force: Optional[bool] = None
     validation_curve: bool = False
     evaluate_only: bool = False
     export_dir: Optional[str] = None

@@ -392,11 +392,12 @@ class Transformer(keras.Model):
 
         Inside a compiled step an id outside the vocabulary cannot raise, so a
         corpus tokenized with another vocabulary would train silently on
-        garbage. NumPy inputs and labels are checked at once, and every batch
-        of a `tf.data.Dataset` by a map that stops `fit` with a `ValueError`
-        naming the ids and the vocabulary before that batch's update
-        (`keras_transformer.id_checks`).
+        garbage. NumPy inputs and labels are checked at once, and every batch of a
+        `tf.data.Dataset` by a map that stops `fit` with a `ValueError` naming the
+        ids and the vocabulary before that batch's update (`id_checks`).
         """
+        if id_checks.is_tf_dataset(x):  # a dataset shuffles itself (Keras warns at True)
+            kwargs.setdefault("shuffle", False)
         sizes = self._vocab_sizes()
         x, y = id_checks.checked_data(x, y, sizes)
         if validation_data is not None:
@@ -426,9 +427,8 @@ class Transformer(keras.Model):
         # known: inside a compiled step an id past the vocabulary cannot raise
         # (under JAX its embedding silently becomes NaN).
         if isinstance(inputs, dict):
-            c = self._config
-            for key, size in (("source", c.vocab_size), ("target", c.resolved_target_vocab_size)):
-                id_checks.check_numpy_ids(inputs.get(key), key, size)
+            for key in ("source", "target"):
+                id_checks.check_numpy_ids(inputs.get(key), key, self._vocab_sizes()[key])
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):

@@ -1,5 +1,7 @@
 """Tests of the §5.1 tf.data pipeline: shift, budget, length policy, fit."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -125,8 +127,12 @@ def test_pipeline_feeds_model_fit(corpus_and_tokenizer):
                               tokens_per_batch=512, repeat=True, verbose=False)
     model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=kt.LabelSmoothedCrossEntropy())
-    history = model.fit(dataset, steps_per_epoch=3, epochs=2, verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(dataset, steps_per_epoch=3, epochs=2, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
+    # The dataset shuffles itself: fit's default shuffle=True would only warn.
+    assert not [w for w in caught if "shuffle" in str(w.message)]
 
 
 def test_a_tokenizer_larger_than_the_model_is_refused_before_tokenizing(corpus_and_tokenizer):

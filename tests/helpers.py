@@ -6,6 +6,8 @@
   step, and compute in the compute dtype of the mixed_float16 and
   mixed_bfloat16 policies while keeping float32 variables.
 * `tiny_model`: a `TransformerConfig.tiny` Transformer.
+* `untrained_run_dir`: a run directory as a recipe leaves it (model.keras with
+  tokenizer/ beside it), of an untrained one-block model.
 * `CharTokenizer`: one id per character, with the special ids of the
   project's `SubwordTokenizer` (pad 0, unk 1, bos 2, eos 3).
 * `in_ci` and `shared_data`: whether this is a CI run, and where the shared
@@ -30,6 +32,7 @@ from keras import ops
 
 import keras_transformer as kt
 from keras_transformer.tokenizers import SubwordTokenizer
+from keras_transformer.training.data import synthetic_translation
 
 # The repository's root: the working directory of the tests' subprocesses.
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,6 +178,18 @@ def tiny_model(vocab_size=20, seed=None, **overrides):
     if seed is not None:
         keras.utils.set_random_seed(seed)
     return kt.Transformer(kt.TransformerConfig.tiny(vocab_size=vocab_size, **overrides))
+
+
+def untrained_run_dir(path, sentences, vocab_size):
+    """Writes into `path` (a pathlib.Path) what the commands read from a run
+    directory: a SentencePiece tokenizer of `vocab_size` pieces learned on
+    `sentences` synthetic pairs, and an untrained one-block tiny model."""
+    corpus = synthetic_translation(sentences, seed=0)
+    tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=vocab_size)
+    tokenizer.save(str(path / "tokenizer"))
+    config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, num_layers=1)
+    kt.Transformer(config).save(path / "model.keras")
+    return path
 
 
 class CharTokenizer:

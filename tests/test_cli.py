@@ -9,27 +9,20 @@ import threading
 
 import keras
 import pytest
-from helpers import REPOSITORY
+from helpers import REPOSITORY, untrained_run_dir
 
 import keras_transformer as kt
 from keras_transformer import cli, logs, run_files
 from keras_transformer.cli import commands
 from keras_transformer.inference import Translator
-from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory as a recipe leaves it: model.keras with tokenizer/ beside it."""
-    path = tmp_path_factory.mktemp("run")
     keras.utils.set_random_seed(0)
-    corpus = synthetic_translation(300, seed=0)
-    tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=320)
-    tokenizer.save(str(path / "tokenizer"))
-    config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, num_layers=1)
-    kt.Transformer(config).save(path / "model.keras")
-    return path
+    return untrained_run_dir(tmp_path_factory.mktemp("run"), sentences=300, vocab_size=320)
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,11 @@ import sys
 
 import keras
 import pytest
-from helpers import REPOSITORY, shared_data
+from helpers import REPOSITORY, shared_data, untrained_run_dir
 
-import keras_transformer as kt
 from keras_transformer import cli
 from keras_transformer.cli import errors
 from keras_transformer.distribution import PeerLostError
-from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.fit import NonFiniteLossError
 from recipes import anki, multi30k, quickstart, table3
 
@@ -29,13 +26,7 @@ TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-head
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory as a recipe leaves it: model.keras with tokenizer/ beside it."""
-    path = tmp_path_factory.mktemp("run")
-    corpus = synthetic_translation(200, seed=0)
-    tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=200)
-    tokenizer.save(str(path / "tokenizer"))
-    config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, num_layers=1)
-    kt.Transformer(config).save(path / "model.keras")
-    return path
+    return untrained_run_dir(tmp_path_factory.mktemp("run"), sentences=200, vocab_size=200)
 
 
 @pytest.fixture

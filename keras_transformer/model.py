@@ -423,12 +423,10 @@ class Transformer(keras.Model):
                 "labels": c.resolved_target_vocab_size}
 
     def __call__(self, inputs, *args, **kwargs):
-        # Ids given as NumPy arrays are checked here, where their values are
-        # known: inside a compiled step an id past the vocabulary cannot raise
-        # (under JAX its embedding silently becomes NaN).
-        if isinstance(inputs, dict):
-            for key in ("source", "target"):
-                id_checks.check_numpy_ids(inputs.get(key), key, self._vocab_sizes()[key])
+        # Ids given as NumPy arrays (a dict or a pair) are checked here, where
+        # their values are known: inside a compiled step an id past the
+        # vocabulary cannot raise (under JAX its embedding silently becomes NaN).
+        id_checks.checked_data(inputs, None, self._vocab_sizes())
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):

@@ -389,3 +389,5 @@ def test_the_model_rejects_numpy_ids_outside_the_vocabulary(side, ids):
     inputs[side] = np.array(ids)
     with pytest.raises(ValueError, match=f"{side} holds ids from .* outside the vocabulary"):
         model(inputs)
+    with pytest.raises(ValueError, match=f"{side} holds ids from .* outside the vocabulary"):
+        model((inputs["source"], inputs["target"]))  # the pair form the model also takes

@@ -1,7 +1,7 @@
 """Decoding speed (§6.1: greedy and beam-4 search) with the key/value cache
 against the uncached baseline, for 32, 64, 128 and 256 new tokens.
 
-Cached: `keras_transformer.inference.decoding.greedy_search` and `beam_search`
+Cached: `keras_transformer.inference.greedy_search` and `beam_search`
 (beam 4, α = 0.6), which run the encoder once and the decoder one position at a
 time over a fixed-size self-attention cache, compiled as one loop (jax.jit,
 tf.function with XLA; on torch, under torch.no_grad with the loop body traced by
@@ -191,7 +191,7 @@ def main(argv=None):
     import keras
 
     from keras_transformer import Transformer
-    from keras_transformer.inference.decoding import beam_search, greedy_search
+    from keras_transformer.inference import beam_search, greedy_search
 
     config = common.transformer_config(args.config, dropout_rate=0.0,
                                        max_length=max(512, max(lengths) + 1))

@@ -2,7 +2,7 @@
 exported SavedModel, decoding the same weights with exactly n new tokens.
 
 CTranslate2 (`--ctranslate2`): the model is converted with
-`keras_transformer.inference.ctranslate2_export.convert_model`, in fp32 and
+`keras_transformer.export.ctranslate2.convert_model`, in fp32 and
 int8, and decoded by `translate_batch` (its own length penalty 0.6 for beam
 search, `min_decoding_length = max_decoding_length = n`) in worker processes
 that import nothing else and time each call themselves. One process per
@@ -142,7 +142,7 @@ class CTranslate2Peer:
 
 def convert_for_ctranslate2(model, directory, quantization):
     """The model converted to a CTranslate2 directory under `directory`."""
-    from keras_transformer.inference.ctranslate2_export import convert_model
+    from keras_transformer.export.ctranslate2 import convert_model
 
     vocabulary = _Vocabulary(model.config.resolved_target_vocab_size)
     path = os.path.join(directory, quantization)
@@ -167,7 +167,7 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
     import tensorflow_text  # noqa: F401  (the SavedModel's text signatures use its ops)
 
     from keras_transformer import run_files
-    from keras_transformer.inference.export import export_saved_model
+    from keras_transformer.export.saved_model import export_saved_model
     from keras_transformer.tokenizers import WORDPIECE_SPECIAL_TOKENS, SubwordTokenizer
 
     model_path = os.path.join(directory, "model.keras")

@@ -6,7 +6,7 @@ several hosts.
 * JAX, `kind="data"`: `keras.distribution.DataParallel`, one replica per
   device; batches are split along the batch axis, weights replicated.
 * JAX, `kind="model"`: `keras.distribution.ModelParallel` on a
-  (batch, model) device mesh, with `transformer_layout_map`: embeddings split
+  (batch, model) device mesh, with `Transformer.get_layout_map`: embeddings split
   by vocabulary rows, attention projections by heads, the feed-forward layers
   by their inner width (the Megatron-LM split), the rest replicated.
 * TensorFlow, `kind="data"`: `tf.distribute.MirroredStrategy` over the local
@@ -47,6 +47,8 @@ import shutil
 import tempfile
 
 import keras
+
+from keras_transformer.model import Transformer
 
 KINDS = ("none", "data", "model")
 # The variables of `keras.distribution.initialize`, which name a JAX cluster.
@@ -395,36 +397,9 @@ def _setup_jax(kind, model_parallel, devices):
         axis_names=("batch", "model"), devices=devices,
     )
     distribution.set_distribution(distribution.ModelParallel(
-        layout_map=transformer_layout_map(mesh), batch_dim_name="batch"))
+        layout_map=Transformer.get_layout_map(mesh), batch_dim_name="batch"))
     return Distributed("model", f"keras.distribution.ModelParallel on a {mesh.shape} "
                        "(batch, model) mesh", batch_multiple=mesh.shape[0])
-
-
-def transformer_layout_map(mesh):
-    """A `keras.distribution.LayoutMap` that splits a `Transformer`'s large
-    weights along the mesh's "model" axis (variable paths as regexes):
-
-    - token embeddings (vocab, d_model) and the output bias: by vocabulary rows;
-    - attention query/key/value kernels (d_model, h, d_k) and biases: by heads;
-      the output projection (h, d_v, d_model): by heads;
-    - feed-forward inner kernel (d_model, d_ff) and bias: by d_ff columns; the
-      outer kernel (d_ff, d_model): by d_ff rows.
-
-    A dimension must divide by the model axis size (h, d_ff and the vocabulary
-    size usually do); layer norms and the other biases stay replicated.
-    """
-    from keras import distribution
-
-    layout_map = distribution.LayoutMap(mesh)
-    layout_map[r".*embeddings"] = ("model", None)
-    layout_map[r".*output_bias"] = ("model",)
-    layout_map[r".*attention/(query|key|value)/kernel"] = (None, "model", None)
-    layout_map[r".*attention/(query|key|value)/bias"] = ("model", None)
-    layout_map[r".*attention/attention_output/kernel"] = ("model", None, None)
-    layout_map[r".*feed_forward/inner_dense/kernel"] = (None, "model")
-    layout_map[r".*feed_forward/inner_dense/bias"] = ("model",)
-    layout_map[r".*feed_forward/output_dense/kernel"] = ("model", None)
-    return layout_map
 
 
 def virtual_cpu_devices(count):

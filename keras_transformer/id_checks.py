@@ -30,6 +30,35 @@ def check_numpy_ids(ids, name, vocab_size):
         )
 
 
+def as_id_matrix(values, name, vocab_size):
+    """`values` as a (batch, length) int32 NumPy matrix of ids below
+    `vocab_size`: a NumPy array, a nested list or a tensor. Raises a
+    ValueError that says what is wrong (a ragged list, one sentence without
+    its batch axis, floats, an id outside the vocabulary)."""
+    if isinstance(values, (list, tuple)):
+        try:
+            values = np.asarray(values)
+        except ValueError:
+            raise ValueError(
+                f"{name} is a ragged list; it must be a (batch, length) matrix of int "
+                "ids: pad the rows with the padding id first."
+            ) from None
+    elif not isinstance(values, np.ndarray):
+        values = keras.ops.convert_to_numpy(values)
+    if values.ndim == 1:
+        raise ValueError(
+            f"{name} must be a (batch, length) matrix of int ids, got shape "
+            f"{values.shape}: add a batch axis for one sentence (ids[None, :])."
+        )
+    if values.ndim != 2 or not (np.issubdtype(values.dtype, np.integer) or values.size == 0):
+        raise ValueError(
+            f"{name} must be a (batch, length) matrix of int ids, got shape "
+            f"{values.shape} and dtype {values.dtype}."
+        )
+    check_numpy_ids(values, name, vocab_size)
+    return values.astype("int32")
+
+
 def checked_data(x, y, sizes):
     """`(x, y)` for `fit`, `evaluate` or `predict`, their ids checked against
     `sizes` ({"source", "target", "labels": vocabulary size}): NumPy ids at
@@ -152,6 +181,48 @@ class variables_kept_on_error:
                     variable._value = value
         self.values = []
         return False
+
+
+class IdCheckedModel:
+    """The model's entry points with every id checked where it enters (a
+    mixin of `keras_transformer.Transformer`, which gives `_vocab_sizes()`).
+
+    Inside a compiled step an id outside the vocabulary cannot raise, so a
+    corpus tokenized with another vocabulary would train silently on garbage.
+    NumPy inputs and labels are checked at once, and every batch of a
+    `tf.data.Dataset` by a map that stops `fit` with a `ValueError` naming
+    the ids and the vocabulary before that batch's update.
+    """
+
+    def fit(self, x=None, y=None, *args, validation_data=None, **kwargs):
+        """`keras.Model.fit`, with every id checked where it enters."""
+        if is_tf_dataset(x):  # a dataset shuffles itself (Keras warns at True)
+            kwargs.setdefault("shuffle", False)
+        sizes = self._vocab_sizes()
+        x, y = checked_data(x, y, sizes)
+        if validation_data is not None:
+            validation_data = checked_validation_data(validation_data, sizes)
+        with id_errors_explained(), variables_kept_on_error(self):
+            return super().fit(x, y, *args, validation_data=validation_data, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.evaluate`, with the ids checked as in `fit`."""
+        x, y = checked_data(x, y, self._vocab_sizes())
+        with id_errors_explained(), variables_kept_on_error(self):
+            return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict`, with the ids checked as in `fit`."""
+        x, _ = checked_data(x, None, self._vocab_sizes())
+        with id_errors_explained(), variables_kept_on_error(self):
+            return super().predict(x, *args, **kwargs)
+
+    def __call__(self, inputs, *args, **kwargs):
+        # Ids given as NumPy arrays (a dict or a pair) are checked here, where
+        # their values are known: inside a compiled step an id past the
+        # vocabulary cannot raise (under JAX its embedding silently becomes NaN).
+        checked_data(inputs, None, self._vocab_sizes())
+        return super().__call__(inputs, *args, **kwargs)
 
 
 def split_inputs(inputs):

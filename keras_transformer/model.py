@@ -22,12 +22,13 @@ from keras_transformer.layers.embedding import (
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(keras.Model):
+class Transformer(id_checks.IdCheckedModel, keras.Model):
     """The encoder-decoder Transformer of "Attention Is All You Need".
 
     All weights are created when the model is constructed, so
     `Transformer(config).count_params()` works at once and a saved model loads
-    under any backend.
+    under any backend. Ids are checked where they enter (calls, `fit`,
+    `evaluate`, `predict`: `keras_transformer.id_checks.IdCheckedModel`).
 
     Args:
         config: A `TransformerConfig` (or its dict form).
@@ -65,75 +66,87 @@ class Transformer(keras.Model):
             )
         super().__init__(**kwargs)
         self._config = config
-        c = config
+        self._make_embeddings(config)
+        self._make_stacks(config)
+        self.build()
+
+    def _make_embeddings(self, c):
+        """§3.4 the token embeddings (shared, or one per side) and the pre-softmax
+        projection (tied to the target embeddings, or its own); §3.5 the
+        positions; the dropout on their sums."""
         policy = self.dtype_policy
         tied_output = c.tie_output_embedding
-
         self.source_embedding = TokenEmbedding(
-            c.vocab_size, c.d_model,
-            use_output_bias=tied_output and c.share_embeddings,
-            dtype=policy,
-            name="shared_embedding" if c.share_embeddings else "source_embedding",
-        )
-        if c.share_embeddings:
-            self.target_embedding = self.source_embedding
-        else:
+            c.vocab_size, c.d_model, use_output_bias=tied_output and c.share_embeddings,
+            dtype=policy, name="shared_embedding" if c.share_embeddings else "source_embedding")
+        self.target_embedding = self.source_embedding
+        if not c.share_embeddings:
             self.target_embedding = TokenEmbedding(
                 c.resolved_target_vocab_size, c.d_model, use_output_bias=tied_output,
-                dtype=policy, name="target_embedding",
-            )
+                dtype=policy, name="target_embedding")
         self.output_projection = None
         if not tied_output:
             self.output_projection = keras.layers.Dense(
-                c.resolved_target_vocab_size, dtype=policy, name="output_projection"
-            )
-
+                c.resolved_target_vocab_size, dtype=policy, name="output_projection")
         if c.position_encoding == "learned":
             self.source_position = LearnedPositionEmbedding(
-                c.max_length, dtype=policy, name="source_position_embedding"
-            )
+                c.max_length, dtype=policy, name="source_position_embedding")
             self.target_position = LearnedPositionEmbedding(
-                c.max_length, dtype=policy, name="target_position_embedding"
-            )
+                c.max_length, dtype=policy, name="target_position_embedding")
         else:
-            self.source_position = SinusoidalPositionEncoding(
-                dtype=policy, name="position_encoding"
-            )
+            self.source_position = SinusoidalPositionEncoding(dtype=policy,
+                                                              name="position_encoding")
             self.target_position = self.source_position
-        self.embedding_dropout = keras.layers.Dropout(
-            c.dropout_rate, dtype=policy, name="embedding_dropout"
-        )
+        self.embedding_dropout = keras.layers.Dropout(c.dropout_rate, dtype=policy,
+                                                      name="embedding_dropout")
 
+    def _make_stacks(self, c):
+        """§3.1 the N encoder and N decoder blocks, and the final LayerNorm of a
+        pre-norm stack (post-norm blocks already end in one)."""
+        policy = self.dtype_policy
         block_args = dict(
-            num_heads=c.num_heads,
-            d_ff=c.d_ff,
-            key_dim=c.resolved_key_dim,
-            value_dim=c.resolved_value_dim,
-            dropout_rate=c.dropout_rate,
+            num_heads=c.num_heads, d_ff=c.d_ff, key_dim=c.resolved_key_dim,
+            value_dim=c.resolved_value_dim, dropout_rate=c.dropout_rate,
             attention_dropout_rate=c.attention_dropout_rate,
             activation_dropout_rate=c.activation_dropout_rate,
-            norm_position=c.norm_position,
-            layer_norm_epsilon=c.layer_norm_epsilon,
-            dtype=policy,
-        )
-        self.encoder_blocks = [
-            EncoderBlock(**block_args, name=f"encoder_block_{i}")
-            for i in range(c.num_layers)
-        ]
-        self.decoder_blocks = [
-            DecoderBlock(**block_args, name=f"decoder_block_{i}")
-            for i in range(c.num_layers)
-        ]
-        # Pre-norm stacks end with a LayerNorm; post-norm blocks already end in one.
+            norm_position=c.norm_position, layer_norm_epsilon=c.layer_norm_epsilon,
+            dtype=policy)
+        self.encoder_blocks = [EncoderBlock(**block_args, name=f"encoder_block_{i}")
+                               for i in range(c.num_layers)]
+        self.decoder_blocks = [DecoderBlock(**block_args, name=f"decoder_block_{i}")
+                               for i in range(c.num_layers)]
         self.encoder_norm = self.decoder_norm = None
         if c.norm_position == "pre":
             self.encoder_norm = keras.layers.LayerNormalization(
-                epsilon=c.layer_norm_epsilon, dtype=policy, name="encoder_norm"
-            )
+                epsilon=c.layer_norm_epsilon, dtype=policy, name="encoder_norm")
             self.decoder_norm = keras.layers.LayerNormalization(
-                epsilon=c.layer_norm_epsilon, dtype=policy, name="decoder_norm"
-            )
-        self.build()
+                epsilon=c.layer_norm_epsilon, dtype=policy, name="decoder_norm")
+
+    @staticmethod
+    def get_layout_map(device_mesh):
+        """A `keras.distribution.LayoutMap` that splits the model's large
+        weights along the mesh's "model" axis, for
+        `keras.distribution.ModelParallel` (variable paths as regexes):
+
+        - token embeddings (vocab, d_model) and the output bias: by vocabulary rows;
+        - attention query/key/value kernels (d_model, h, d_k) and biases: by heads;
+          the output projection (h, d_v, d_model): by heads;
+        - feed-forward inner kernel (d_model, d_ff) and bias: by d_ff columns; the
+          outer kernel (d_ff, d_model): by d_ff rows.
+
+        A dimension must divide by the model axis size (h, d_ff and the vocabulary
+        size usually do); layer norms and the other biases stay replicated.
+        """
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        layout_map[r".*embeddings"] = ("model", None)
+        layout_map[r".*output_bias"] = ("model",)
+        layout_map[r".*attention/(query|key|value)/kernel"] = (None, "model", None)
+        layout_map[r".*attention/(query|key|value)/bias"] = ("model", None)
+        layout_map[r".*attention/attention_output/kernel"] = ("model", None, None)
+        layout_map[r".*feed_forward/inner_dense/kernel"] = (None, "model")
+        layout_map[r".*feed_forward/inner_dense/bias"] = ("model",)
+        layout_map[r".*feed_forward/output_dense/kernel"] = ("model", None)
+        return layout_map
 
     @property
     def config(self):
@@ -165,36 +178,24 @@ class Transformer(keras.Model):
         """(batch, length) bool mask, True where `token_ids` is not padding."""
         return ops.not_equal(token_ids, self._config.pad_id)
 
-    def encode(self, source_ids, return_attention_scores=False, training=None):
+    def encode(self, source_ids, training=None):
         """Runs the encoder stack.
 
         Args:
             source_ids: (batch, S) int ids.
-            return_attention_scores: Whether to also return the list of each
-                block's (batch, num_heads, S, S) self-attention weights.
             training: Whether dropout is active.
 
         Returns:
             `(encoder_outputs, source_padding_mask)`: (batch, S, d_model) and
-            (batch, S) bool; with `return_attention_scores`, the list of weights
-            is appended.
+            (batch, S) bool.
         """
         source_mask = self.padding_mask(source_ids)
         x = self.source_embedding(source_ids)
         x = self.embedding_dropout(x + self.source_position(x), training=training)
-        scores = []
         for block in self.encoder_blocks:
-            x = block(
-                x, padding_mask=source_mask,
-                return_attention_scores=return_attention_scores, training=training,
-            )
-            if return_attention_scores:
-                x, block_scores = x
-                scores.append(block_scores)
+            x = block(x, padding_mask=source_mask, training=training)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        if return_attention_scores:
-            return x, source_mask, scores
         return x, source_mask
 
     def initial_cache(self, encoder_outputs, max_length, beam_size=1):
@@ -292,7 +293,6 @@ class Transformer(keras.Model):
         source_padding_mask=None,
         cache=None,
         cache_update_index=None,
-        return_attention_scores=False,
         training=None,
     ):
         """Runs the decoder stack and the pre-softmax projection.
@@ -308,14 +308,11 @@ class Transformer(keras.Model):
                 decoding step that greedy and beam search, the SavedModel and
                 the tests all run.
             cache_update_index: int scalar, the position of `target_ids[:, 0]`.
-            return_attention_scores: Whether to also return the list of each
-                block's {"self": ..., "cross": ...} attention weights.
             training: Whether dropout is active.
 
         Returns:
-            (batch, T, target_vocab_size) float32 logits; with a cache, the tuple
-            `(logits, updated_cache)`; with `return_attention_scores`, the list of
-            weights is appended.
+            (batch, T, target_vocab_size) float32 logits; with a cache, the pair
+            `(logits, updated_cache)`.
         """
         if cache is not None and cache_update_index is None:
             raise ValueError("decode() with a cache needs cache_update_index.")
@@ -323,37 +320,56 @@ class Transformer(keras.Model):
         x = self.target_embedding(target_ids)
         x = x + self.target_position(x, start_index=start_index)
         x = self.embedding_dropout(x, training=training)
-        target_mask = self.padding_mask(target_ids) if cache is None else None
+        if cache is None:
+            target_mask = self.padding_mask(target_ids)
+            for block in self.decoder_blocks:
+                x = block(x, encoder_outputs, decoder_padding_mask=target_mask,
+                          encoder_padding_mask=source_padding_mask, training=training)
+            return self.project_outputs(x)
+        self_caches = []
+        for block, self_cache, cross_cache in zip(self.decoder_blocks, cache["self"],
+                                                  cache["cross"]):
+            x, self_cache = block(x, encoder_outputs, encoder_padding_mask=source_padding_mask,
+                                  self_attention_cache=self_cache,
+                                  cache_update_index=cache_update_index,
+                                  cross_attention_cache=cross_cache, training=training)
+            self_caches.append(self_cache)
+        logits = self.project_outputs(x, reverse_kernel=cache.get("reverse_kernel"))
+        return logits, {**cache, "self": self_caches}
 
-        new_caches, scores = [], []
-        for i, block in enumerate(self.decoder_blocks):
-            outputs = block(
-                x,
-                encoder_outputs,
-                decoder_padding_mask=target_mask,
-                encoder_padding_mask=source_padding_mask,
-                self_attention_cache=None if cache is None else cache["self"][i],
-                cache_update_index=cache_update_index if cache is not None else None,
-                cross_attention_cache=None if cache is None else cache["cross"][i],
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-            if not isinstance(outputs, tuple):
-                outputs = (outputs,)
-            x, *extras = outputs
-            if cache is not None:
-                new_caches.append(extras.pop(0))
-            if return_attention_scores:
-                scores.append(extras.pop(0))
-        logits = self.project_outputs(
-            x, reverse_kernel=None if cache is None else cache.get("reverse_kernel"))
+    def attention_weights(self, source_ids, target_ids):
+        """Every attention's weights of eq. (1), for a source and a whole
+        (shifted-right) target, as the paper's figures draw them.
 
-        results = [logits]
-        if cache is not None:
-            results.append({**cache, "self": new_caches})
-        if return_attention_scores:
-            results.append(scores)
-        return results[0] if len(results) == 1 else tuple(results)
+        Args:
+            source_ids: (batch, S) int ids.
+            target_ids: (batch, T) int ids of the decoder input.
+
+        Returns:
+            A dict of lists, one item per block: "encoder", (batch, num_heads,
+            S, S); "decoder", the causal self-attention's (batch, num_heads, T,
+            T); "cross", the encoder-decoder attention's (batch, num_heads, T,
+            S). float32.
+        """
+        source_mask = self.padding_mask(source_ids)
+        target_mask = self.padding_mask(target_ids)
+        weights = {"encoder": [], "decoder": [], "cross": []}
+        x = self.source_embedding(source_ids)
+        x = x + self.source_position(x)
+        for block in self.encoder_blocks:
+            weights["encoder"].append(block.attention_weights(x, padding_mask=source_mask))
+            x = block(x, padding_mask=source_mask)
+        encoded = x if self.encoder_norm is None else self.encoder_norm(x)
+        x = self.target_embedding(target_ids)
+        x = x + self.target_position(x)
+        for block in self.decoder_blocks:
+            block_weights = block.attention_weights(x, encoded, decoder_padding_mask=target_mask,
+                                                    encoder_padding_mask=source_mask)
+            weights["decoder"].append(block_weights["self"])
+            weights["cross"].append(block_weights["cross"])
+            x = block(x, encoded, decoder_padding_mask=target_mask,
+                      encoder_padding_mask=source_mask)
+        return weights
 
     def project_outputs(self, decoder_outputs, reverse_kernel=None):
         """The decoder stack's last LayerNorm (pre-norm only) and the pre-softmax
@@ -387,47 +403,11 @@ class Transformer(keras.Model):
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)  # its variables, for the weights
 
-    def fit(self, x=None, y=None, *args, validation_data=None, **kwargs):
-        """`keras.Model.fit`, with every id checked where it enters.
-
-        Inside a compiled step an id outside the vocabulary cannot raise, so a
-        corpus tokenized with another vocabulary would train silently on
-        garbage. NumPy inputs and labels are checked at once, and every batch of a
-        `tf.data.Dataset` by a map that stops `fit` with a `ValueError` naming the
-        ids and the vocabulary before that batch's update (`id_checks`).
-        """
-        if id_checks.is_tf_dataset(x):  # a dataset shuffles itself (Keras warns at True)
-            kwargs.setdefault("shuffle", False)
-        sizes = self._vocab_sizes()
-        x, y = id_checks.checked_data(x, y, sizes)
-        if validation_data is not None:
-            validation_data = id_checks.checked_validation_data(validation_data, sizes)
-        with id_checks.id_errors_explained(), id_checks.variables_kept_on_error(self):
-            return super().fit(x, y, *args, validation_data=validation_data, **kwargs)
-
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        """`keras.Model.evaluate`, with the ids checked as in `fit`."""
-        x, y = id_checks.checked_data(x, y, self._vocab_sizes())
-        with id_checks.id_errors_explained(), id_checks.variables_kept_on_error(self):
-            return super().evaluate(x, y, *args, **kwargs)
-
-    def predict(self, x, *args, **kwargs):
-        """`keras.Model.predict`, with the ids checked as in `fit`."""
-        x, _ = id_checks.checked_data(x, None, self._vocab_sizes())
-        with id_checks.id_errors_explained(), id_checks.variables_kept_on_error(self):
-            return super().predict(x, *args, **kwargs)
-
     def _vocab_sizes(self):
+        """What `id_checks.IdCheckedModel` checks ids against."""
         c = self._config
         return {"source": c.vocab_size, "target": c.resolved_target_vocab_size,
                 "labels": c.resolved_target_vocab_size}
-
-    def __call__(self, inputs, *args, **kwargs):
-        # Ids given as NumPy arrays (a dict or a pair) are checked here, where
-        # their values are known: inside a compiled step an id past the
-        # vocabulary cannot raise (under JAX its embedding silently becomes NaN).
-        id_checks.checked_data(inputs, None, self._vocab_sizes())
-        return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None):
         source_ids, target_ids = id_checks.split_inputs(inputs)

@@ -266,14 +266,37 @@ def test_bad_beam_size_for_the_cache_is_explained(beam_size):
         model.initial_cache(encoded, max_length=5, beam_size=beam_size)
 
 
-def test_decode_returns_attention_weights_per_block():
+def test_attention_weights_per_block_follow_the_stacks():
     model = tiny_model()
     inputs = batch()
-    encoded, mask, encoder_weights = model.encode(inputs["source"], return_attention_scores=True)
-    _, decoder_weights = model.decode(inputs["target"], encoded, mask, return_attention_scores=True)
-    assert len(encoder_weights) == len(decoder_weights) == 2
-    assert tuple(decoder_weights[0]["cross"].shape) == (2, 4, 5, 6)
-    assert np.all(to_numpy(decoder_weights[0]["cross"])[1, :, :, 4:] == 0)
+    weights = model.attention_weights(inputs["source"], inputs["target"])
+    assert [len(weights[kind]) for kind in ("encoder", "decoder", "cross")] == [2, 2, 2]
+    assert tuple(weights["encoder"][0].shape) == (2, 4, 6, 6)
+    assert tuple(weights["decoder"][0].shape) == (2, 4, 5, 5)
+    assert tuple(weights["cross"][0].shape) == (2, 4, 5, 6)
+    assert np.all(to_numpy(weights["cross"][0])[1, :, :, 4:] == 0)  # padding keys
+    # The last block's weights are those the block sees in the stacks' forward pass.
+    encoded, mask = model.encode(inputs["source"])
+    x = model.target_embedding(inputs["target"])
+    x = x + model.target_position(x)
+    x = model.decoder_blocks[0](x, encoded, decoder_padding_mask=model.padding_mask(
+        inputs["target"]), encoder_padding_mask=mask)
+    last = model.decoder_blocks[1].attention_weights(
+        x, encoded, decoder_padding_mask=model.padding_mask(inputs["target"]),
+        encoder_padding_mask=mask)
+    np.testing.assert_allclose(to_numpy(weights["cross"][1]), to_numpy(last["cross"]),
+                               atol=1e-6)
+
+
+def test_decode_returns_logits_or_a_pair_with_a_cache():
+    model = tiny_model()
+    inputs = batch()
+    encoded, mask = model.encode(inputs["source"])
+    logits = model.decode(inputs["target"], encoded, mask)
+    assert not isinstance(logits, tuple) and tuple(logits.shape) == (2, 5, 20)
+    cache = model.initial_cache(encoded, max_length=5)
+    step = model.decode(inputs["target"][:, :1], None, mask, cache=cache, cache_update_index=0)
+    assert isinstance(step, tuple) and len(step) == 2 and tuple(step[0].shape) == (2, 1, 20)
 
 
 def test_bad_inputs_are_explained():

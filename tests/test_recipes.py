@@ -17,7 +17,7 @@ from helpers import REPOSITORY, data_mirror, loopback_http, shared_data
 import keras_transformer as kt
 from keras_transformer import run_files as run_dir_files
 from keras_transformer.cli import recipe
-from keras_transformer.inference.saved_model import read_metadata
+from keras_transformer.export.versions import read_metadata
 from keras_transformer.training import downloads
 from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.run import cooldown_steps

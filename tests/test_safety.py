@@ -187,7 +187,7 @@ def average_library(run, model_path, tmp_path, capsys):
 
 
 def export_library(run, model_path, tmp_path, capsys):
-    from keras_transformer.inference.export import export_saved_model
+    from keras_transformer.export.saved_model import export_saved_model
 
     with pytest.raises(ValueError) as error:
         export_saved_model(model_path, str(tmp_path / "saved_models"), verbose=False)
@@ -218,7 +218,7 @@ def test_every_loader_refuses_a_crafted_file_and_runs_none_of_its_code(
 @pytest.mark.skipif(keras.backend.backend() == "tensorflow",
                     reason="under tensorflow the export loads in-process, tested above")
 def test_an_export_from_another_backend_refuses_in_its_tensorflow_process(tmp_path, tokenizer):
-    from keras_transformer.inference.export import export_saved_model
+    from keras_transformer.export.saved_model import export_saved_model
 
     run = tmp_path / "run"
     run_files.save_tokenizers(str(run), tokenizer)
@@ -275,7 +275,7 @@ def legacy_run(tmp_path, tokenizer):
 
 
 def export_into(path, tmp_path):
-    from keras_transformer.inference.export import export_saved_model
+    from keras_transformer.export.saved_model import export_saved_model
 
     # The check comes before any subprocess, whatever the backend.
     export_saved_model(path, str(tmp_path / "saved_models"), verbose=False)

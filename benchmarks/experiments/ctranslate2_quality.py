@@ -85,8 +85,8 @@ def main(argv=None):
 
     from keras_transformer import run_files
     from keras_transformer.evaluation import bleu_scores
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
     from keras_transformer.inference import Translator
-    from keras_transformer.inference.ctranslate2_export import export_ctranslate2
 
     sources, references = common.test_set(args.sources, args.references, args.limit)
     model, source_tokenizer, target_tokenizer = run_files.load_translation_model(args.run_dir)

@@ -183,7 +183,7 @@ def run_random_part(args, lengths):
     import keras
 
     from keras_transformer import Transformer
-    from keras_transformer.inference.decoding import beam_search, greedy_search
+    from keras_transformer.inference import beam_search, greedy_search
 
     config = common.transformer_config(args.config, dropout_rate=0.0,
                                        max_length=max(512, max(lengths) + 1))

@@ -126,7 +126,7 @@ def export(args):
                 f"{', '.join(given)} {verb} only to --format saved_model: a CTranslate2 model "
                 "takes its decoding options (beam_size, max_decoding_length, ...) in "
                 "translate_batch.")
-        from keras_transformer.inference.ctranslate2_export import export_ctranslate2
+        from keras_transformer.export.ctranslate2 import export_ctranslate2
 
         try:
             export_ctranslate2(args.model, args.export_base, quantization=args.quantization,
@@ -137,7 +137,7 @@ def export(args):
     if args.quantization is not None:
         raise ValueError("--quantization only applies to --format ctranslate2: a SavedModel "
                          "keeps the model's own weights.")
-    from keras_transformer.inference.export import export_saved_model
+    from keras_transformer.export.saved_model import export_saved_model
 
     export_saved_model(args.model, args.export_base, version=args.version,
                        beam_size=args.beam_size, alpha=args.alpha,
@@ -150,8 +150,8 @@ def serve(args):
     """`keras-transformer serve`: TensorFlow Serving's REST API over a SavedModel."""
     import dataclasses
 
-    from keras_transformer.inference import serving
-    from keras_transformer.inference.serving import BatchingParameters, ServerOptions
+    from keras_transformer import serving
+    from keras_transformer.serving import BatchingParameters, ServerOptions
 
     # Every batching parameter, and every server option that has a flag.
     batching = BatchingParameters(**{

@@ -185,8 +185,8 @@ def build_parser():
                          help="replace the output if it exists (refused otherwise)")
     average.set_defaults(run=commands.average)
 
-    from keras_transformer.inference.ctranslate2_export import QUANTIZATIONS
-    from keras_transformer.inference.serving import BatchingParameters, ServerOptions
+    from keras_transformer.export.ctranslate2 import QUANTIZATIONS
+    from keras_transformer.serving import BatchingParameters, ServerOptions
 
     defaults, batching = ServerOptions(), BatchingParameters()
     export = command(

@@ -2,8 +2,8 @@
 
 The paper sets the "maximum output length to input length + 50". This module
 is the one home of that rule and of the limits around it, for the Python path
-(`keras_transformer.inference.decoding`, `Translator`) and the exported
-SavedModel (`keras_transformer.inference.export`) alike:
+(the searches and `Translator`) and the exported
+SavedModel (`keras_transformer.export.saved_model`) alike:
 
 * `output_limits`: each sentence's output limit and the room for the longest
   hypothesis (traceable: the exported graph computes it too);

@@ -4,9 +4,10 @@ The paper decodes with beam search. Sampling gives diverse outputs instead
 (back-translation, several candidates per sentence): each step draws from
 softmax(logits / temperature), restricted to the `top_k` most probable tokens
 and then to the smallest most-probable set whose probability reaches `top_p`
-(nucleus sampling, Holtzman et al. 2020). `sample_tokens` is that draw, run by
-the greedy loop of `keras_transformer.inference.search` in place of the most
-probable token; `Sampling` holds its settings for `Translator`.
+(nucleus sampling, Holtzman et al. 2020). `sample_search` runs the greedy loop
+of `keras_transformer.inference.greedy` with that draw (`sample_tokens`) in
+place of the most probable token; `Sampling` holds its settings for
+`Translator`.
 
 Its random numbers come from a counter-based hash (`uniform_for_stream`), not
 from `keras.random`: a compiled loop needs them as a pure function of tensors
@@ -17,9 +18,12 @@ reproducible sequence, whatever batch it is decoded in.
 
 import dataclasses
 
+import numpy as np
 from keras import ops
 
-from keras_transformer import validation
+from keras_transformer import id_checks, validation
+from keras_transformer.inference.greedy import greedy_loop
+from keras_transformer.inference.search import check_model, check_search_options, run_search
 
 
 def check_sampling_options(temperature=1.0, top_k=0, top_p=1.0, seed=0, num_return=1):
@@ -62,6 +66,91 @@ class Sampling:
 
     def __post_init__(self):
         check_sampling_options(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+def sample_search(model, source_ids, bos_id, eos_id, temperature=1.0, top_k=0, top_p=1.0,
+                  seed=0, max_output_length=None, num_return=1, stream_ids=None,
+                  return_alignment=False):
+    """Sampling: at every step, a token drawn from the model's distribution.
+
+    Each step draws from softmax(logits / temperature), restricted to the
+    `top_k` most probable tokens and then to the smallest set of the most
+    probable ones whose probability reaches `top_p`, renormalised. It runs
+    the same compiled, cached loop as greedy search, with the same length
+    limits; the padding and BOS ids are never drawn.
+
+    The draws are reproducible: sample j of sentence i takes its random
+    numbers from a hash of (`seed`, the sentence's stream id, j, the step),
+    so the same sentence with the same seed and stream id gives the same
+    output on a given backend, whatever else is in the batch, and its first
+    sample is the same whatever `num_return`. Backends may still differ
+    where their floating point rounds a near-tie differently.
+
+    Args:
+        model: A `keras_transformer.Transformer`.
+        source_ids: (batch, S) int ids fed to the encoder, padded with
+            `model.config.pad_id`.
+        bos_id: Begin-of-sentence id, the first decoder input.
+        eos_id: End-of-sentence id that ends a hypothesis.
+        temperature, top_k, top_p, seed: As in `Sampling`.
+        max_output_length: As in `greedy_search`.
+        num_return: Independent samples per sentence.
+        stream_ids: (batch,) ints naming each sentence's random stream, or
+            None for its row (0, 1, ...). `Translator` passes each sentence's
+            position in its input, so batching does not change the samples.
+        return_alignment: As in `greedy_search`.
+
+    Returns:
+        `(token_ids, scores)` as NumPy arrays: (batch, L) int32 ids after BOS,
+        up to and including EOS, then padding; and (batch,) float32
+        log P(Y | X) of each sample under the model (before temperature and
+        filtering). With `num_return > 1`: (batch, num_return, L) ids and
+        (batch, num_return) scores, in the order drawn.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras_transformer as kt
+    >>> model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=20))
+    >>> ids, scores = sample_search(model, np.array([[5, 6, 7, 3]]), bos_id=2, eos_id=3,
+    ...                             top_p=0.9, seed=1, num_return=3, max_output_length=6)
+    >>> ids.shape[:2], scores.shape
+    ((1, 3), (1, 3))
+    """
+    check_sampling_options(temperature, top_k, top_p, seed, num_return)
+    check_search_options(max_output_length=max_output_length)
+    check_model(model)
+    source = id_checks.as_id_matrix(source_ids, "source_ids", model.config.vocab_size)
+    batch = len(source)
+    streams = _streams(seed, batch, num_return, stream_ids)
+    sampling = (float(temperature), int(top_k), float(top_p))
+
+    def loop(model, source_ids, special_ids, alpha, streams):
+        def choose(log_probs, index):
+            return sample_tokens(log_probs, uniform_for_stream(streams, index), *sampling)
+
+        return greedy_loop(model, source_ids, special_ids, max_output_length, choose)
+
+    results = run_search(model, np.repeat(source, num_return, axis=0), (bos_id, eos_id), loop,
+                         ("sample", max_output_length, sampling), streams=streams,
+                         return_alignment=return_alignment)
+    if num_return == 1:
+        return results
+    return tuple(result.reshape(batch, num_return, *result.shape[1:]) for result in results)
+
+
+def _streams(seed, batch, num_return, stream_ids):
+    """(batch * num_return, 3) int32: sample j of sentence i is row i * num_return
+    + j, drawn from the stream (seed, stream_ids[i], j), so its first sample is
+    the single one."""
+    stream_ids = np.arange(batch) if stream_ids is None else np.asarray(stream_ids)
+    if stream_ids.shape != (batch,) or not np.issubdtype(stream_ids.dtype, np.integer):
+        raise ValueError(f"stream_ids must be ({batch},) ints, one per sentence, got shape "
+                         f"{stream_ids.shape} and dtype {stream_ids.dtype}.")
+    return np.stack([np.full((batch, num_return), seed),
+                     np.broadcast_to(stream_ids[:, None] % 2**31, (batch, num_return)),
+                     np.broadcast_to(np.arange(num_return), (batch, num_return))],
+                    axis=-1).reshape(batch * num_return, 3).astype("int32")
 
 
 def _mix32(x):

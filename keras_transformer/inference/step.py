@@ -1,12 +1,11 @@
 """§6.1 Machine Translation: the decoding step that greedy and beam search share.
 
-Both loops of `keras_transformer.inference.search` and
-`keras_transformer.inference.beam` run the model's cached decoding step
-(`Transformer.decode` with the cache of `Transformer.initial_cache`) through
-`decode_step`, turn its logits into log-probabilities with `masked_log_probs`,
-and run their `while_loop` in the phases of `cache_phases` through
-`phased_loop`. With an alignment asked for, each step also gives each output
-token's source position (`alignment_positions`).
+The loops of `keras_transformer.inference.greedy` (greedy search and
+sampling) and `keras_transformer.inference.beam` run the model's cached
+decoding step (`Transformer.decode` with the cache of
+`Transformer.initial_cache`) through `decode_step`, turn its logits into
+log-probabilities with `masked_log_probs`, and run their `while_loop` in the
+phases of `cache_phases` through `phased_loop`.
 
 A step attends over every slot of the self-attention cache, and beam search
 copies every slot when it reorders the cache after its parents, so a step
@@ -97,44 +96,8 @@ def masked_log_probs(logits, pad_id, bos_id):
     return ops.where(never[None, :], _NEG_INF, log_probs)
 
 
-def decode_step(model, token_ids, index, cache, source_mask, aligned_to=None):
-    """(batch, vocab) logits of the next token, the updated cache and, with
-    `aligned_to`, (batch,) the source position the token is aligned to."""
-    if aligned_to is None:
-        logits, cache = model.decode(
-            token_ids, None, source_mask, cache=cache, cache_update_index=index, training=False)
-        return logits[:, 0, :], cache, None
-    logits, cache, weights = model.decode(
-        token_ids, None, source_mask, cache=cache, cache_update_index=index,
-        return_attention_scores=True, training=False)
-    return logits[:, 0, :], cache, alignment_positions(weights[-1]["cross"], aligned_to)[:, 0]
-
-
-def alignment_candidates(source_ids, pad_id):
-    """(batch, S) bool: the source positions an output token may be aligned to.
-
-    The real tokens before the last one, which is EOS in every encoder input
-    (fairseq's `--print-alignment` leaves EOS out too); a source of one token
-    keeps it, so that every row has a candidate.
-    """
-    real = ops.not_equal(source_ids, pad_id)
-    lengths = ops.sum(ops.cast(real, "int32"), axis=1)
-    positions = ops.arange(ops.shape(source_ids)[1], dtype="int32")
-    before_last = ops.less(positions[None, :], (lengths - 1)[:, None])
-    return ops.where(ops.greater(lengths, 1)[:, None], ops.logical_and(real, before_last), real)
-
-
-def alignment_positions(cross_weights, aligned_to):
-    """Each query's source position of highest encoder-decoder attention.
-
-    Args:
-        cross_weights: (batch, heads, T, S) float32 weights of the last
-            decoder block's encoder-decoder attention.
-        aligned_to: (batch, S) bool, `alignment_candidates`.
-
-    Returns:
-        (batch, T) int32: the argmax over the candidates of the weights
-        averaged over heads (fairseq's `--print-alignment`).
-    """
-    mean = ops.mean(cross_weights, axis=1)
-    return ops.cast(ops.argmax(ops.where(aligned_to[:, None, :], mean, -1.0), axis=-1), "int32")
+def decode_step(model, token_ids, index, cache, source_mask):
+    """(batch, vocab) logits of the next token, and the updated cache."""
+    logits, cache = model.decode(
+        token_ids, None, source_mask, cache=cache, cache_update_index=index, training=False)
+    return logits[:, 0, :], cache

@@ -22,14 +22,10 @@ import keras
 import numpy as np
 
 from keras_transformer import validation
-from keras_transformer.inference.decoding import (
-    beam_search,
-    check_model,
-    check_search_options,
-    sample_search,
-)
+from keras_transformer.inference.beam import beam_search
 from keras_transformer.inference.limits import source_limit, source_width, truncate_source
-from keras_transformer.inference.sampling import Sampling
+from keras_transformer.inference.sampling import Sampling, sample_search
+from keras_transformer.inference.search import check_model, check_search_options
 
 __all__ = ["Hypothesis", "SourceTruncatedWarning", "Translation", "Translator"]
 
@@ -106,7 +102,7 @@ class Translator:
     `SourceTruncatedWarning`; it never fails the other sentences. The
     exported SavedModel applies the same rule at its own limit, its longest
     compiled width (by default `config.max_length`; see
-    `keras_transformer.inference.shapes`).
+    `keras_transformer.export.shapes`).
 
     Args:
         model: A trained `keras_transformer.Transformer`.

@@ -8,7 +8,9 @@ Eq. (1) goes through `keras.ops.dot_product_attention`, which dispatches to fuse
 kernels (cuDNN's flash attention on GPU under JAX and torch;
 `scaled_dot_product_attention` in torch; Keras's TensorFlow backend has no fused
 kernel), unless the caller asks for the attention weights or attention dropout is
-active; then the explicit softmax path beside it runs instead.
+active; then the explicit softmax path beside it runs instead. The attention
+weights themselves come from their own method, `attention_weights`, which runs the
+explicit path's softmax (for plots and alignments).
 
 The layer also carries the key/value cache used for incremental decoding: a
 pair of fixed-size key and value tensors updated in place at an index, so the
@@ -86,13 +88,12 @@ class MultiHeadAttention(keras.layers.Layer):
             rows (the beams of a sentence, `Transformer.initial_cache`), with
             `key_padding_mask` per cache row.
         cache_update_index: int scalar, the position of `query[:, 0]`.
-        return_attention_scores: Whether to return the attention weights too.
         training: Whether attention dropout is active.
 
     Returns:
-        (batch, T, output_dim) attention output; followed by the updated cache
-        when `cache` is given, and by (batch, num_heads, T, S) float32 attention
-        weights when `return_attention_scores` is True.
+        (batch, T, output_dim) attention output; with a `cache`, the pair
+        `(outputs, cache)`, the cache updated (or, precomputed, as given).
+        `attention_weights` gives the weights of eq. (1) instead.
 
     Example:
 
@@ -243,58 +244,90 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
         cache=None,
         cache_update_index=None,
-        return_attention_scores=False,
         training=None,
     ):
-        value = query if value is None else value
-        key = value if key is None else key
-
         step = cache is not None and not training
-        q = project(self.query_dense, query, step)
-        if cache is not None and cache_update_index is None:
-            k, v = cache
-        else:
-            k = project(self.key_dense, key, step)
-            v = project(self.value_dense, value, step)
-            if cache is not None:
-                # Keys and values are two tensors, so d_k and d_v may differ,
-                # and a loop that carries them updates each one in place.
-                key_cache, value_cache = cache
-                k = backend.write_cache(key_cache, cache_update_index,
-                                        ops.cast(self._flat_heads(k), key_cache.dtype))
-                v = backend.write_cache(value_cache, cache_update_index,
-                                        ops.cast(self._flat_heads(v), value_cache.dtype))
-                cache = (k, v)
-
+        q, k, v, cache = self._project(query, value, key, cache, cache_update_index, step)
         mask = self._merge_masks(
             q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
         )
         if cache is not None and q.shape[1] == 1 and not (training and self._dropout_rate > 0):
-            # A precomputed cache may hold one row per group of query rows
-            # (the beams of a sentence); equal known batch sizes take the
-            # simpler path.
-            known = q.shape[0] is not None and k.shape[0] is not None
-            shared = cache_update_index is None and not (known and q.shape[0] == k.shape[0])
-            if shared and known and q.shape[0] % k.shape[0]:
-                raise ValueError(
-                    f"The query's batch ({q.shape[0]}) is not a multiple of the "
-                    f"cross-attention cache's ({k.shape[0]}): a cache row is shared by "
-                    "a whole group of consecutive query rows (Transformer.initial_cache's "
-                    "beam_size).")
-            attention_output, scores = single_query_attention(
-                q, k, v, mask, self._num_heads, self._key_dim, self._value_dim, shared)
+            # The decoding step: one query against the cache, read in its layout.
+            attention_output = single_query_attention(
+                q, k, v, mask, self._num_heads, self._key_dim, self._value_dim,
+                self._shares_cache_rows(q, k, cache_update_index))
         else:
             if cache is not None:
                 k, v = self._split_heads(k), self._split_heads(v)
-            attention_output, scores = self._compute_attention(
-                q, k, v, mask, return_attention_scores, training
-            )
-        outputs = [project(self.output_dense, attention_output, step)]
-        if cache is not None:
-            outputs.append(cache)
-        if return_attention_scores:
-            outputs.append(scores)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+            attention_output = self._compute_attention(q, k, v, mask, training)
+        outputs = project(self.output_dense, attention_output, step)
+        return outputs if cache is None else (outputs, cache)
+
+    def attention_weights(
+        self,
+        query,
+        value=None,
+        key=None,
+        key_padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+    ):
+        """The weights of eq. (1), softmax(QKᵀ/√d_k), of every head.
+
+        The same projections and masks as `call` (without a cache), through the
+        explicit softmax path: for attention plots and alignments.
+
+        Args:
+            query, value, key, key_padding_mask, attention_mask, use_causal_mask:
+                As in `call`.
+
+        Returns:
+            (batch, num_heads, T, S) float32 weights; each row sums to 1.
+        """
+        if not self.built:
+            self.build(tuple(query.shape), None if value is None else tuple(value.shape),
+                       None if key is None else tuple(key.shape))
+        q, k, _, _ = self._project(query, value, key, None, None, False)
+        mask = self._merge_masks(q, k, key_padding_mask, attention_mask, use_causal_mask, None)
+        return self._softmax_weights(q, k, mask)
+
+    def _project(self, query, value, key, cache, cache_update_index, step):
+        """The query, key and value projections: (batch, T, heads, d_k) queries
+        and the keys and values, each (batch, S, heads, width), or with a cache
+        in its (batch, S, heads · width) layout, read from a precomputed cache
+        or written into the cache at `cache_update_index`; and the cache."""
+        value = query if value is None else value
+        key = value if key is None else key
+        q = project(self.query_dense, query, step)
+        if cache is not None and cache_update_index is None:
+            k, v = cache
+            return q, k, v, cache
+        k = project(self.key_dense, key, step)
+        v = project(self.value_dense, value, step)
+        if cache is None:
+            return q, k, v, None
+        # Keys and values are two tensors, so d_k and d_v may differ, and a
+        # loop that carries them updates each one in place.
+        key_cache, value_cache = cache
+        k = backend.write_cache(key_cache, cache_update_index,
+                                ops.cast(self._flat_heads(k), key_cache.dtype))
+        v = backend.write_cache(value_cache, cache_update_index,
+                                ops.cast(self._flat_heads(v), value_cache.dtype))
+        return q, k, v, (k, v)
+
+    @staticmethod
+    def _shares_cache_rows(q, k, cache_update_index):
+        """Whether each row of a precomputed cache serves a group of query rows
+        (the beams of a sentence); equal known batch sizes take the simpler path."""
+        known = q.shape[0] is not None and k.shape[0] is not None
+        shared = cache_update_index is None and not (known and q.shape[0] == k.shape[0])
+        if shared and known and q.shape[0] % k.shape[0]:
+            raise ValueError(
+                f"The query's batch ({q.shape[0]}) is not a multiple of the "
+                f"cross-attention cache's ({k.shape[0]}): a cache row is shared by "
+                "a whole group of consecutive query rows (Transformer.initial_cache's "
+                "beam_size).")
+        return shared
 
     def _merge_masks(
         self, q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
@@ -322,10 +355,8 @@ class MultiHeadAttention(keras.layers.Layer):
         # finite and, being padding itself, never used.
         return ops.logical_or(mask, ops.logical_not(ops.any(mask, axis=-1, keepdims=True)))
 
-    def _use_fused_attention(self, return_attention_scores, training):
+    def _use_fused_attention(self, training):
         """Whether eq. (1) may go through the fused `dot_product_attention`."""
-        if return_attention_scores:
-            return False
         if training and self._dropout_rate > 0:
             return False
         if self.compute_dtype == "float16" and _fused_attention_fails_for_float16():
@@ -335,7 +366,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return False
         return True
 
-    def _compute_attention(self, query, key, value, mask, return_attention_scores, training):
+    def _compute_attention(self, query, key, value, mask, training):
         """Eq. (1) for every head.
 
         Args:
@@ -345,29 +376,31 @@ class MultiHeadAttention(keras.layers.Layer):
             mask: (batch or 1, 1, T, S) bool, True where attention is allowed.
 
         Returns:
-            (batch, T, num_heads, value_dim) outputs and the (batch, num_heads, T, S)
-            float32 attention weights, or None for them on the fused path.
+            (batch, T, num_heads, value_dim) outputs.
         """
-        scale = 1.0 / math.sqrt(self._key_dim)
-        if self._use_fused_attention(return_attention_scores, training):
+        if self._use_fused_attention(training):
             if mask is not None:
                 mask = ops.broadcast_to(
                     mask,
                     (ops.shape(query)[0], 1, ops.shape(query)[1], ops.shape(key)[1]),
                 )
-            output = ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
-            return output, None
+            scale = 1.0 / math.sqrt(self._key_dim)
+            return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+        weights = self.attention_dropout(self._softmax_weights(query, key, mask),
+                                         training=training)
+        return ops.einsum("bnts,bsnh->btnh", ops.cast(weights, value.dtype), value)
 
-        # The explicit path: logits and softmax in float32 for stability in
-        # mixed precision.
-        query = ops.multiply(query, ops.cast(scale, query.dtype))
+    def _softmax_weights(self, query, key, mask):
+        """The explicit path's softmax(QKᵀ/√d_k): (batch, num_heads, T, S)
+        float32, logits and softmax in float32 for stability in mixed precision."""
+        query = ops.multiply(query, ops.cast(1.0 / math.sqrt(self._key_dim), query.dtype))
         logits = ops.cast(ops.einsum("btnh,bsnh->bnts", query, key), "float32")
         if mask is not None:
             logits = ops.where(mask, logits, MASKED_LOGIT)
-        weights = ops.softmax(logits, axis=-1)
-        dropped = self.attention_dropout(weights, training=training)
-        output = ops.einsum("bnts,bsnh->btnh", ops.cast(dropped, value.dtype), value)
-        return output, weights
+        # softmax, written out: over one key (a one-token source or target)
+        # Keras's softmax warns, and the weight is simply 1.
+        weights = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
+        return weights / ops.sum(weights, axis=-1, keepdims=True)
 
     def get_config(self):
         config = super().get_config()

@@ -52,8 +52,7 @@ def single_query_attention(query, key, value, mask, num_heads, key_dim, value_di
             `batch` above is the cache's, and the query has a multiple).
 
     Returns:
-        (query batch, 1, num_heads, value_dim) outputs and the (query
-        batch, num_heads, 1, S) float32 attention weights.
+        (query batch, 1, num_heads, value_dim) outputs.
     """
     rows, length = ops.shape(key)[0], ops.shape(key)[1]
     heads = num_heads
@@ -78,15 +77,12 @@ def single_query_attention(query, key, value, mask, num_heads, key_dim, value_di
         weights = ops.reshape(weights, (rows, length, -1, heads))
         values = ops.reshape(values, (rows, length, 1, heads, value_dim))
         output = ops.sum(values * weights[..., None], axis=1)  # (rows, groups, heads, d_v)
-        weights = ops.transpose(weights, (0, 2, 3, 1))  # (rows, groups, heads, S)
     else:
         # Without the groups axis: XLA's fusion of the 5-axis sum is several
         # times slower than this one for the self-attention cache.
         values = ops.reshape(values, (rows, length, heads, value_dim))
         output = ops.sum(values * weights[..., None], axis=1)  # (rows, heads, d_v)
-        weights = ops.transpose(weights, (0, 2, 1))  # (rows, heads, S)
-    return (ops.reshape(ops.cast(output, value.dtype), (-1, 1, heads, value_dim)),
-            ops.reshape(weights, (-1, heads, 1, length)))
+    return ops.reshape(ops.cast(output, value.dtype), (-1, 1, heads, value_dim))
 
 
 def project(dense, inputs, step):

@@ -8,7 +8,10 @@ normalization, with dropout on the sublayer output before the add (§5.4):
 
 The encoder block has two sublayers (self-attention, feed-forward); the decoder
 block inserts encoder-decoder attention between its causal self-attention and
-its feed-forward network.
+its feed-forward network. Each `call` writes its sublayers out one after the
+other, the LayerNorm after the residual add (post-norm), or before the
+sublayer in the visible `if` of pre-norm. `attention_weights` gives the
+blocks' attention weights, for plots.
 """
 
 import keras
@@ -20,7 +23,7 @@ from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 
 
 class _Block(keras.layers.Layer):
-    """Arguments, checks and the residual connection shared by both blocks."""
+    """Arguments, checks and the sublayers' construction shared by both blocks."""
 
     def __init__(
         self,
@@ -84,18 +87,6 @@ class _Block(keras.layers.Layer):
         feed_forward.build((None, None, d_model))
         return feed_forward
 
-    def _residual(self, x, sublayer, norm, dropout, training):
-        """Applies `sublayer` inside the residual connection of §3.1 / §5.4.
-
-        `sublayer` maps a tensor to a tuple whose first item is its output; the
-        rest (a cache, attention weights) is passed through.
-        """
-        if self._norm_position == "pre":
-            output, *extras = sublayer(norm(x))
-            return (x + dropout(output, training=training), *extras)
-        output, *extras = sublayer(x)
-        return (norm(x + dropout(output, training=training)), *extras)
-
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -133,18 +124,19 @@ class EncoderBlock(_Block):
     Call arguments:
         inputs: (batch, S, d_model) float tensor.
         padding_mask: (batch, S) bool, True for real tokens.
-        return_attention_scores: Whether to also return the self-attention
-            weights, (batch, num_heads, S, S) float32.
         training: Whether dropout is active.
 
     Returns:
-        (batch, S, d_model) tensor, plus the attention weights when asked for.
+        (batch, S, d_model) tensor.
 
     Example:
 
+    >>> import keras
     >>> block = EncoderBlock(num_heads=2, d_ff=16)
     >>> block(keras.ops.ones((2, 5, 8))).shape
     (2, 5, 8)
+    >>> block.attention_weights(keras.ops.ones((2, 5, 8))).shape  # (batch, h, S, S)
+    (2, 2, 5, 5)
     """
 
     def build(self, inputs_shape):
@@ -158,25 +150,34 @@ class EncoderBlock(_Block):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
-    def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
-        def self_attend(x):
-            outputs = self.self_attention(
-                x,
-                key_padding_mask=padding_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-            return outputs if return_attention_scores else (outputs,)
+    def call(self, inputs, padding_mask=None, training=None):
+        pre_norm = self._norm_position == "pre"
 
-        x, *scores = self._residual(
-            inputs, self_attend, self.self_attention_norm, self.self_attention_dropout,
-            training,
-        )
-        x, = self._residual(
-            x, lambda y: (self.feed_forward(y, training=training),),
-            self.feed_forward_norm, self.feed_forward_dropout, training,
-        )
-        return (x, scores[0]) if return_attention_scores else x
+        # Multi-head self-attention (§3.2.2).
+        residual = inputs
+        x = self.self_attention_norm(inputs) if pre_norm else inputs
+        x = self.self_attention(x, key_padding_mask=padding_mask, training=training)
+        x = self.self_attention_dropout(x, training=training)
+        x = x + residual
+        if not pre_norm:
+            x = self.self_attention_norm(x)
+
+        # Position-wise feed-forward network (§3.3).
+        residual = x
+        x = self.feed_forward_norm(x) if pre_norm else x
+        x = self.feed_forward(x, training=training)
+        x = self.feed_forward_dropout(x, training=training)
+        x = x + residual
+        if not pre_norm:
+            x = self.feed_forward_norm(x)
+        return x
+
+    def attention_weights(self, inputs, padding_mask=None):
+        """The self-attention weights of eq. (1): (batch, num_heads, S, S) float32."""
+        if not self.built:
+            self.build(tuple(inputs.shape))
+        x = self.self_attention_norm(inputs) if self._norm_position == "pre" else inputs
+        return self.self_attention.attention_weights(x, key_padding_mask=padding_mask)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -208,20 +209,24 @@ class DecoderBlock(_Block):
             `encoder_outputs`, (batch, S, num_heads * key_dim) and (batch, S,
             num_heads * value_dim), from `initial_cache`; `encoder_outputs` is
             then not read.
-        return_attention_scores: Whether to also return a dict with the
-            self-attention ("self") and cross-attention ("cross") weights.
         training: Whether dropout is active.
 
     Returns:
-        (batch, T, d_model) tensor; with a self-attention cache, a tuple
-        `(outputs, updated_cache)`; with `return_attention_scores`, the dict of
-        weights is appended to the tuple.
+        (batch, T, d_model) tensor; with a `self_attention_cache`, the pair
+        `(outputs, updated_cache)`.
 
     Example:
 
+    >>> import keras
     >>> block = DecoderBlock(num_heads=2, d_ff=16)
     >>> block(keras.ops.ones((2, 3, 8)), keras.ops.ones((2, 5, 8))).shape
     (2, 3, 8)
+    >>> cache = block.initial_cache(keras.ops.ones((2, 5, 8)), length=3)
+    >>> outputs, self_cache = block(keras.ops.ones((2, 1, 8)), None,
+    ...                             self_attention_cache=cache["self"], cache_update_index=0,
+    ...                             cross_attention_cache=cache["cross"])
+    >>> outputs.shape, self_cache[0].shape  # one position decoded; keys of all 3
+    ((2, 1, 8), (2, 3, 8))
     """
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
@@ -271,7 +276,6 @@ class DecoderBlock(_Block):
         self_attention_cache=None,
         cache_update_index=None,
         cross_attention_cache=None,
-        return_attention_scores=False,
         training=None,
     ):
         if self_attention_cache is not None and cache_update_index is None:
@@ -279,49 +283,67 @@ class DecoderBlock(_Block):
                 "self_attention_cache needs cache_update_index, the position of "
                 "inputs[:, 0] in the target sequence."
             )
+        pre_norm = self._norm_position == "pre"
 
-        def as_tuple(outputs):
-            return outputs if isinstance(outputs, tuple) else (outputs,)
-
-        def self_attend(x):
-            return as_tuple(self.self_attention(
-                x,
-                key_padding_mask=decoder_padding_mask,
-                use_causal_mask=True,
-                cache=self_attention_cache,
-                cache_update_index=cache_update_index,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            ))
-
-        def cross_attend(x):
-            return as_tuple(self.cross_attention(
-                x,
-                encoder_outputs,
-                key_padding_mask=encoder_padding_mask,
-                cache=cross_attention_cache,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            ))
-
-        x, *self_extras = self._residual(
-            inputs, self_attend, self.self_attention_norm, self.self_attention_dropout,
-            training,
-        )
-        x, *cross_extras = self._residual(
-            x, cross_attend, self.cross_attention_norm, self.cross_attention_dropout,
-            training,
-        )
-        x, = self._residual(
-            x, lambda y: (self.feed_forward(y, training=training),),
-            self.feed_forward_norm, self.feed_forward_dropout, training,
-        )
-
-        outputs = [x]
+        # Masked multi-head self-attention (§3.2.3): position t sees positions <= t.
+        residual = inputs
+        x = self.self_attention_norm(inputs) if pre_norm else inputs
+        x = self.self_attention(
+            x, key_padding_mask=decoder_padding_mask, use_causal_mask=True,
+            cache=self_attention_cache, cache_update_index=cache_update_index,
+            training=training)
         if self_attention_cache is not None:
-            outputs.append(self_extras.pop(0))
-        if cross_attention_cache is not None:
-            cross_extras.pop(0)
-        if return_attention_scores:
-            outputs.append({"self": self_extras[0], "cross": cross_extras[0]})
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+            x, self_attention_cache = x
+        x = self.self_attention_dropout(x, training=training)
+        x = x + residual
+        if not pre_norm:
+            x = self.self_attention_norm(x)
+
+        # Encoder-decoder attention (§3.2.3): every position attends over the source.
+        residual = x
+        x = self.cross_attention_norm(x) if pre_norm else x
+        if cross_attention_cache is None:
+            x = self.cross_attention(x, encoder_outputs, key_padding_mask=encoder_padding_mask,
+                                     training=training)
+        else:
+            x, _ = self.cross_attention(x, key_padding_mask=encoder_padding_mask,
+                                        cache=cross_attention_cache, training=training)
+        x = self.cross_attention_dropout(x, training=training)
+        x = x + residual
+        if not pre_norm:
+            x = self.cross_attention_norm(x)
+
+        # Position-wise feed-forward network (§3.3).
+        residual = x
+        x = self.feed_forward_norm(x) if pre_norm else x
+        x = self.feed_forward(x, training=training)
+        x = self.feed_forward_dropout(x, training=training)
+        x = x + residual
+        if not pre_norm:
+            x = self.feed_forward_norm(x)
+        return x if self_attention_cache is None else (x, self_attention_cache)
+
+    def attention_weights(self, inputs, encoder_outputs, decoder_padding_mask=None,
+                          encoder_padding_mask=None):
+        """The attention weights of eq. (1) over a whole target, for plots and
+        alignments: the first sublayer runs as in `call` (without dropout), so
+        that the encoder-decoder attention sees what it sees there.
+
+        Returns:
+            A dict: "self", (batch, num_heads, T, T), and "cross", (batch,
+            num_heads, T, S), float32.
+        """
+        inputs = ops.convert_to_tensor(inputs, self.compute_dtype)
+        if not self.built:
+            self.build(tuple(inputs.shape), tuple(encoder_outputs.shape))
+        pre_norm = self._norm_position == "pre"
+        x = self.self_attention_norm(inputs) if pre_norm else inputs
+        weights = {"self": self.self_attention.attention_weights(
+            x, key_padding_mask=decoder_padding_mask, use_causal_mask=True)}
+        x = inputs + self.self_attention(x, key_padding_mask=decoder_padding_mask,
+                                         use_causal_mask=True)
+        x = x if pre_norm else self.self_attention_norm(x)
+        x = self.cross_attention_norm(x) if pre_norm else x
+        weights["cross"] = self.cross_attention.attention_weights(
+            x, encoder_outputs, key_padding_mask=encoder_padding_mask)
+        return weights

@@ -53,19 +53,11 @@ def attention_weights(model, source_ids, output_ids, bos_id):
     output_ids = _as_ids(output_ids, "output_ids")
     if not len(source_ids):
         raise ValueError("source_ids is empty: pass the ids of one sentence, EOS included.")
-    encoded, mask, encoder_weights = model.encode(
-        source_ids[None], return_attention_scores=True, training=False
-    )
-    weights = {"encoder": encoder_weights}
-    if len(output_ids):
-        decoder_inputs = np.concatenate([[bos_id], output_ids[:-1]]).astype("int32")
-        _, decoder_weights = model.decode(
-            decoder_inputs[None], encoded, mask, return_attention_scores=True, training=False
-        )
-        weights["decoder"] = [block["self"] for block in decoder_weights]
-        weights["cross"] = [block["cross"] for block in decoder_weights]
-    return {kind: np.stack([canvas.to_numpy(w)[0] for w in per_layer])
-            for kind, per_layer in weights.items()}
+    # BOS, then every output token but the last: position t predicts output_ids[t].
+    decoder_inputs = np.concatenate([[bos_id], output_ids[:-1]]).astype("int32")
+    weights = model.attention_weights(source_ids[None], decoder_inputs[None])
+    kinds = ("encoder", "decoder", "cross") if len(output_ids) else ("encoder",)
+    return {kind: np.stack([canvas.to_numpy(w)[0] for w in weights[kind]]) for kind in kinds}
 
 
 def plot_attention(

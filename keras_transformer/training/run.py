@@ -257,10 +257,10 @@ def _after_training(record, options, model, tokenizer_pair, validation, test):
             options.run_dir, validation, *tokenizer_pair, beam_size=options.beam_size,
             alpha=options.alpha, limit=options.eval_limit))
     if options.export_dir and "exported" not in record:
-        from keras_transformer.inference import export
+        from keras_transformer.export.saved_model import export_saved_model
 
         # The run's model, as `keras-transformer export RUN_DIR` would pick it.
-        record.finish("exported", saved_model=export.export_saved_model(
+        record.finish("exported", saved_model=export_saved_model(
             options.run_dir, options.export_dir, beam_size=options.beam_size,
             alpha=options.alpha))
     if record.phases == record.done_before:

@@ -12,7 +12,7 @@ from helpers import REPOSITORY, tiny_model
 from keras import ops
 
 from keras_transformer.inference import beam_search, greedy_search, length_penalty
-from keras_transformer.inference.search import traced_search
+from keras_transformer.inference.beam import beam_loop
 from keras_transformer.training.toy_tasks import ToyVocabulary
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -116,7 +116,7 @@ def test_beam_size_one_without_length_penalty_equals_greedy(model):
     beam loop is run here directly, uncompiled."""
     source = source_batch()
     greedy_ids, greedy_scores = greedy_search(model, source, BOS, EOS, max_output_length=8)
-    beam_ids, beam_scores = traced_search(
+    beam_ids, beam_scores = beam_loop(
         model, ops.convert_to_tensor(source), ops.convert_to_tensor([BOS, EOS], "int32"),
         ops.convert_to_tensor(0.0), beam_size=1, max_output_length=8)
     beam_ids = ops.convert_to_numpy(beam_ids)[:, :greedy_ids.shape[1]]
@@ -129,15 +129,15 @@ def test_a_beam_of_one_runs_the_greedy_loop_without_a_length_penalty_only(monkey
     which gives what the beam loop would (the test above). With α > 0 it
     keeps the beam loop, which may finish another hypothesis than greedy
     search: here a longer one, that scores better by log P / lp(Y)."""
-    from keras_transformer.inference import search
+    from keras_transformer.inference import beam
 
     loops = []
     for name in ("greedy_loop", "beam_loop"):
-        def spy(*args, _name=name, _loop=getattr(search, name), **kwargs):
+        def spy(*args, _name=name, _loop=getattr(beam, name), **kwargs):
             loops.append(_name)
             return _loop(*args, **kwargs)
 
-        monkeypatch.setattr(search, name, spy)
+        monkeypatch.setattr(beam, name, spy)
     model = tiny_model(seed=3)
     set_output_bias(model, EOS, 5.0)  # EOS is the most probable first token
     source = source_batch()
@@ -233,11 +233,9 @@ def naive_alignment_weights(model, source_row, output_ids):
     """The last block's encoder-decoder attention averaged over heads, (T, S),
     from one full forward pass without a cache, and the candidate positions:
     the source's tokens before its last one (EOS)."""
-    encoded, mask = model.encode(source_row[None], training=False)
     target = np.array([[BOS, *output_ids[:-1]]], "int32")
-    _, weights = model.decode(target, encoded, mask, return_attention_scores=True,
-                              training=False)
-    cross = ops.convert_to_numpy(weights[-1]["cross"])[0].mean(axis=0)
+    weights = model.attention_weights(source_row[None], target)
+    cross = ops.convert_to_numpy(weights["cross"][-1])[0].mean(axis=0)
     length = int(np.sum(source_row != 0))
     return cross, np.arange(len(source_row)) < length - 1
 
@@ -269,13 +267,12 @@ def test_each_token_is_aligned_to_its_highest_cross_attention_source_position(mo
     assert checked >= len(source) * ids.shape[1]
 
 
-@pytest.mark.parametrize("return_alignment", [False, True], ids=["plain", "aligned"])
-def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch, return_alignment):
+def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch):
     """40 forced tokens run in phases of 8, 16 and 40 cache positions (three
     compiled loops: TensorFlow's XLA once failed on a third loop with a
     constant passed through, tensorflow/tensorflow#122886). The first phase is
     made small so that the test runs few steps; the library starts at 32."""
-    from keras_transformer.inference import decoding, step
+    from keras_transformer.inference import search, step
 
     assert step.cache_phases(130) == [32, 64, 130]
     monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 8)
@@ -283,32 +280,30 @@ def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch, return_a
     model = tiny_model(seed=4)
     set_output_bias(model, EOS, -1e9)  # no hypothesis ends: every phase runs
     source = source_batch()
-    options = dict(max_output_length=40, return_alignment=return_alignment)
+    options = dict(max_output_length=40)
     phased = [greedy_search(model, source, BOS, EOS, **options),
               beam_search(model, source, BOS, EOS, beam_size=2, **options)]
     monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 1024)  # one phase
-    decoding._COMPILED.pop(model, None)
+    search._COMPILED.pop(model, None)
     single = [greedy_search(model, source, BOS, EOS, **options),
               beam_search(model, source, BOS, EOS, beam_size=2, **options)]
     for phased_results, single_results in zip(phased, single):
         assert phased_results[0].shape == (len(source), 40)
         np.testing.assert_array_equal(phased_results[0], single_results[0])
         np.testing.assert_allclose(phased_results[1], single_results[1], rtol=1e-5)
-        if return_alignment:
-            np.testing.assert_array_equal(phased_results[2], single_results[2])
 
 
 @pytest.mark.parametrize("max_output_length", [17, 40])
 def test_two_beam_steps_per_loop_iteration_decode_as_one(monkeypatch, max_output_length):
     """Beam search runs two steps per iteration of its loop in the cache
     phases from `PAIRED_BEAM_STEPS_FROM` on, so that XLA copies less. Its
-    n-best lists, scores and alignments are those of one step per iteration:
+    n-best lists and scores are those of one step per iteration:
     with an odd length (17: phases of 8 and 18 positions, the second paired,
     one step past every limit), with two paired phases (40: 8, 16 and 40),
     and with hypotheses that end at different steps. The phases are made
     small so that the test runs few steps; the library starts at 32 and
     pairs from 128."""
-    from keras_transformer.inference import beam, decoding, step
+    from keras_transformer.inference import beam, search, step
 
     assert beam.PAIRED_BEAM_STEPS_FROM == 128
     monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 8)
@@ -316,18 +311,16 @@ def test_two_beam_steps_per_loop_iteration_decode_as_one(monkeypatch, max_output
     model = tiny_model(seed=5)
     set_output_bias(model, EOS, 1.0)
     source = source_batch()
-    options = dict(beam_size=3, max_output_length=max_output_length, num_return=3,
-                   return_alignment=True)
+    options = dict(beam_size=3, max_output_length=max_output_length, num_return=3)
     paired = beam_search(model, source, BOS, EOS, **options)
     monkeypatch.setattr(beam, "PAIRED_BEAM_STEPS_FROM", None)
-    decoding._COMPILED.pop(model, None)
+    search._COMPILED.pop(model, None)
     single = beam_search(model, source, BOS, EOS, **options)
     # Hypotheses end at different steps, some past the first (unpaired) phase.
     lengths = {len(hypothesis) for row in paired[0] for hypothesis in strip(row)}
     assert len(lengths) >= 2 and max(lengths) > 8, lengths
     np.testing.assert_array_equal(paired[0], single[0])
     np.testing.assert_allclose(paired[1], single[1], rtol=1e-5)
-    np.testing.assert_array_equal(paired[2], single[2])
 
 
 def test_batched_search_equals_one_sentence_at_a_time(model):
@@ -440,8 +433,8 @@ def test_bad_arguments_are_explained():
 
 # Token ids: out of range, wrong shapes, empty batches.
 @pytest.mark.parametrize("source_ids, message", [
-    (np.array([[5, 20, 3]]), "outside the source vocabulary"),
-    (np.array([[5, -1, 3]]), "outside the source vocabulary"),
+    (np.array([[5, 20, 3]]), "outside the vocabulary"),
+    (np.array([[5, -1, 3]]), "outside the vocabulary"),
     (np.array([5, 6, 3]), "add a batch axis"),
     ([[5, 6, 3], [7, 3]], "ragged list"),
     (np.array([[0.5, 3.0]]), "matrix of int ids"),

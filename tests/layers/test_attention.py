@@ -83,7 +83,8 @@ def test_layer_contract_causal_self_attention_with_padding():
 def test_matches_numpy_multi_head_attention():
     layer = MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5)
     query, value = random(2, 4, 6), random(2, 7, 6)
-    output, weights = layer(query, value, return_attention_scores=True)
+    output = layer(query, value)
+    weights = layer.attention_weights(query, value)
     expected_output, expected_weights = numpy_multi_head(layer, query, value)
     np.testing.assert_allclose(to_numpy(output), expected_output, atol=1e-5)
     np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=1e-6)
@@ -95,9 +96,11 @@ def test_fused_path_matches_explicit_path_and_numpy(count_fused_calls):
     padding = np.array([[1] * 6, [1] * 4 + [0] * 2, [1] * 1 + [0] * 5], bool)
     fused = layer(query, key_padding_mask=padding, use_causal_mask=True)
     assert len(count_fused_calls) == 1
-    explicit, _ = layer(query, key_padding_mask=padding, use_causal_mask=True,
-                        return_attention_scores=True)
-    assert len(count_fused_calls) == 1, "asking for weights must take the explicit path"
+    layer.attention_weights(query, key_padding_mask=padding, use_causal_mask=True)
+    assert len(count_fused_calls) == 1, "the weights come from the explicit path"
+    layer._use_fused_attention = lambda training: False
+    explicit = layer(query, key_padding_mask=padding, use_causal_mask=True)
+    assert len(count_fused_calls) == 1
     np.testing.assert_allclose(to_numpy(fused), to_numpy(explicit), atol=1e-5)
     mask = padding[:, None, :] & np.tril(np.ones((6, 6), bool))[None]
     expected, _ = numpy_multi_head(layer, query, query, mask)
@@ -120,8 +123,7 @@ def test_padding_keys_get_zero_weight():
     query = random(2, 3, 8)
     value = random(2, 5, 8)
     padding = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]], bool)
-    _, weights = layer(query, value, key_padding_mask=padding, return_attention_scores=True)
-    weights = to_numpy(weights)
+    weights = to_numpy(layer.attention_weights(query, value, key_padding_mask=padding))
     assert np.all(weights[0, :, :, 2:] == 0) and np.all(weights[1, :, :, 4:] == 0)
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
     # Changing padded values changes nothing.
@@ -146,14 +148,13 @@ def test_causal_output_does_not_depend_on_later_positions():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("return_attention_scores", [False, True])
-def test_all_padding_row_is_finite(dtype, return_attention_scores):
+def test_all_padding_row_is_finite(dtype):
     layer = MultiHeadAttention(num_heads=2, key_dim=4, dtype=dtype)
     x = random(2, 4, 8)
     padding = np.array([[0, 0, 0, 0], [1, 1, 0, 0]], bool)
-    outputs = layer(x, key_padding_mask=padding, use_causal_mask=True,
-                    return_attention_scores=return_attention_scores)
-    for tensor in outputs if return_attention_scores else (outputs,):
+    outputs = layer(x, key_padding_mask=padding, use_causal_mask=True)
+    weights = layer.attention_weights(x, key_padding_mask=padding, use_causal_mask=True)
+    for tensor in (outputs, weights):
         assert np.all(np.isfinite(to_numpy(tensor)))
 
 
@@ -190,20 +191,20 @@ def test_cached_self_attention_matches_full_attention(value_dim):
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
 def test_one_query_against_a_cache_matches_numpy(dtype):
     """The decoding step's path (one query, read from the cache) gives eq. (1)
-    per head, outputs and weights, with padding keys at zero weight."""
+    per head, with padding keys at zero weight (their values change nothing)."""
     layer = MultiHeadAttention(num_heads=3, key_dim=4, dtype=dtype)
     query, memory = random(2, 1, 8), random(2, 5, 8)
     padding = np.array([[True] * 5, [True, True, True, False, False]])
     layer(query, memory)  # builds the layer
-    cache = layer.precompute_cache(memory)
-    output, _, weights = layer(query, cache=cache, key_padding_mask=padding,
-                               return_attention_scores=True)
-    expected, expected_weights = numpy_multi_head(layer, query, memory, padding[:, None, :])
+    output, cache = layer(query, cache=layer.precompute_cache(memory), key_padding_mask=padding)
+    expected, _ = numpy_multi_head(layer, query, memory, padding[:, None, :])
     tolerance = 1e-5 if dtype == "float32" else 5e-2
-    assert tuple(weights.shape) == (2, 3, 1, 5)
-    np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=tolerance)
     np.testing.assert_allclose(to_numpy(output).astype("float32"), expected, atol=tolerance)
-    assert np.all(to_numpy(weights)[1, :, :, 3:] == 0)
+    changed = memory.copy()
+    changed[1, 3:] = 100.0
+    output_changed, _ = layer(query, cache=layer.precompute_cache(changed),
+                              key_padding_mask=padding)
+    np.testing.assert_allclose(to_numpy(output_changed), to_numpy(output), atol=tolerance)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "mixed_float16"])
@@ -215,16 +216,13 @@ def test_cross_cache_shared_by_groups_of_queries_matches_numpy(value_dim, dtype)
     query, memory = random(6, 1, 8), random(2, 5, 8)
     padding = np.array([[True] * 5, [True, True, True, False, False]])
     layer(query, random(6, 5, 8))  # builds the layer
-    output, _, weights = layer(query, cache=layer.precompute_cache(memory),
-                               key_padding_mask=padding, return_attention_scores=True)
+    output, _ = layer(query, cache=layer.precompute_cache(memory), key_padding_mask=padding)
     repeated = np.repeat(memory, 3, axis=0)
-    expected, expected_weights = numpy_multi_head(
+    expected, _ = numpy_multi_head(
         layer, query, repeated, np.repeat(padding, 3, axis=0)[:, None, :])
     tolerance = 1e-5 if dtype == "float32" else 5e-2
-    assert tuple(output.shape) == (6, 1, 8) and tuple(weights.shape) == (6, 2, 1, 5)
-    np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=tolerance)
+    assert tuple(output.shape) == (6, 1, 8)
     np.testing.assert_allclose(to_numpy(output).astype("float32"), expected, atol=tolerance)
-    assert np.all(to_numpy(weights)[3:, :, :, 3:] == 0)
 
 
 def test_cross_cache_whose_batch_does_not_divide_the_querys_is_explained():
@@ -252,7 +250,7 @@ def test_float16_explicit_fallback_only_for_jax_on_cpu():
     )
     assert attention_module._fused_attention_fails_for_float16() == expected
     layer = MultiHeadAttention(num_heads=2, key_dim=4, dtype="float16")
-    assert layer._use_fused_attention(False, False) == (not expected)
+    assert layer._use_fused_attention(False) == (not expected)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -280,6 +278,6 @@ def test_logits_are_scaled_by_the_square_root_of_d_k():
     for dense in (layer.query_dense, layer.key_dense):
         dense.kernel.assign(identity)
         dense.bias.assign(np.zeros((1, 4), "float32"))
-    _, weights = layer(query, keys, return_attention_scores=True)
+    weights = layer.attention_weights(query, keys)
     # q·k = (2, 0), divided by √4: logits (1, 0), softmax (e, 1) / (e + 1).
     np.testing.assert_allclose(to_numpy(weights)[0, 0, 0], [0.7310586, 0.2689414], rtol=1e-5)

@@ -82,11 +82,16 @@ def test_dropout_is_active_only_in_training():
     assert not np.allclose(to_numpy(block(x, training=True)), to_numpy(block(x, training=True)))
 
 
-def test_encoder_block_returns_attention_weights():
-    block = EncoderBlock(num_heads=2, d_ff=16)
-    out, weights = block(random(1, 5, 8), return_attention_scores=True)
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_encoder_block_gives_its_self_attention_weights(norm_position):
+    block = EncoderBlock(num_heads=2, d_ff=16, norm_position=norm_position)
+    x = random(1, 5, 8)
+    weights = to_numpy(block.attention_weights(x))
     assert tuple(weights.shape) == (1, 2, 5, 5)
-    np.testing.assert_allclose(to_numpy(weights).sum(-1), 1, atol=1e-5)
+    np.testing.assert_allclose(weights.sum(-1), 1, atol=1e-5)
+    attended = block.self_attention_norm(x) if norm_position == "pre" else x
+    np.testing.assert_allclose(
+        weights, to_numpy(block.self_attention.attention_weights(attended)), atol=1e-6)
 
 
 def test_decoder_self_attention_is_causal():
@@ -118,12 +123,38 @@ def test_cached_decoding_matches_full(norm_position, value_dim):
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
 
 
-def test_decoder_returns_self_and_cross_attention_weights():
-    block = DecoderBlock(num_heads=2, d_ff=16)
-    _, weights = block(random(1, 3, 8), random(1, 4, 8), return_attention_scores=True)
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_decoder_gives_self_and_cross_attention_weights_as_its_sublayers_see_them(
+        norm_position):
+    block = DecoderBlock(num_heads=2, d_ff=16, norm_position=norm_position)
+    x, memory = random(1, 3, 8), random(1, 4, 8)
+    weights = block.attention_weights(x, memory)
     assert tuple(weights["self"].shape) == (1, 2, 3, 3)
     assert tuple(weights["cross"].shape) == (1, 2, 3, 4)
     assert np.all(np.triu(to_numpy(weights["self"])[0, 0], k=1) == 0)
+    # The encoder-decoder attention's query is the first sublayer's output.
+    x = ops.convert_to_tensor(x)
+    if norm_position == "post":
+        middle = block.self_attention_norm(block.self_attention(x, use_causal_mask=True) + x)
+    else:
+        middle = block.cross_attention_norm(
+            block.self_attention(block.self_attention_norm(x), use_causal_mask=True) + x)
+    np.testing.assert_allclose(
+        to_numpy(weights["cross"]),
+        to_numpy(block.cross_attention.attention_weights(middle, memory)), atol=1e-6)
+
+
+def test_a_decoder_block_returns_a_pair_with_a_cache_and_a_tensor_without():
+    block = DecoderBlock(num_heads=2, d_ff=16)
+    memory = random(2, 4, 8)
+    outputs = block(random(2, 3, 8), memory)
+    assert not isinstance(outputs, tuple) and tuple(outputs.shape) == (2, 3, 8)
+    cache = block.initial_cache(memory, 3)
+    cached = block(random(2, 1, 8), None, self_attention_cache=cache["self"],
+                   cache_update_index=0, cross_attention_cache=cache["cross"])
+    assert isinstance(cached, tuple) and len(cached) == 2
+    assert tuple(cached[0].shape) == (2, 1, 8)
+    assert [tuple(part.shape) for part in cached[1]] == [(2, 3, 8), (2, 3, 8)]
 
 
 def test_cache_without_index_is_an_error():

@@ -15,10 +15,10 @@ under TF Serving's names:
     keras-transformer serve saved_models/quickstart --port 8501
 """
 
-from keras_transformer.inference.serving.batching import BatchingParameters, BatchScheduler
-from keras_transformer.inference.serving.options import DEFAULT_PORT, ServerOptions
-from keras_transformer.inference.serving.servable import RequestError, Servable
-from keras_transformer.inference.serving.server import TranslationServer, serve
+from keras_transformer.serving.batching import BatchingParameters, BatchScheduler
+from keras_transformer.serving.options import DEFAULT_PORT, ServerOptions
+from keras_transformer.serving.servable import RequestError, Servable
+from keras_transformer.serving.server import TranslationServer, serve
 
 __all__ = ["DEFAULT_PORT", "BatchScheduler", "BatchingParameters", "RequestError", "Servable",
            "ServerOptions", "TranslationServer", "serve"]

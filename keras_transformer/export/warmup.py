@@ -1,7 +1,7 @@
 """TensorFlow Serving's warm-up records for an exported model (§6.1 search, served).
 
 The exported search compiles with XLA once per input shape
-(`keras_transformer.inference.shapes`). TensorFlow Serving replays the
+(`keras_transformer.export.shapes`). TensorFlow Serving replays the
 requests in a version's `assets.extra/tf_serving_warmup_requests` (a TFRecord
 file of `PredictionLog` protos) when it loads the version, before it reports
 it AVAILABLE, so no client ever waits for a compilation. `write_warmup_requests`

@@ -2,7 +2,7 @@
 
 `export_saved_model` turns a `.keras` model and the tokenizer saved beside it
 into a SavedModel version (`saved_models/NAME/VERSION/`, see
-`keras_transformer.inference.saved_model`) with two signatures:
+`keras_transformer.export.versions`) with two signatures:
 
 * `serving_default`: `inputs` (batch,) tf.string source sentences →
   `translations` (batch,) tf.string and `truncated` (batch,) bool.
@@ -27,14 +27,14 @@ longest input (`ServingShapes.max_source_length`, ids + EOS) is cut to it
 fails the other sentences of its batch. An empty sentence translates to ""
 (no ids, score 0).
 
-The graph runs the same search as the Python path (`traced_search`) and the
-tokenizer's own `detokenize_tf`. It pads every batch to one of the export's
-`ServingShapes` (a few batch sizes × a few widths), so XLA compiles a bounded
-set of shapes. The search is traced once per width, so that its output buffer
-(width + 50 unless `max_output_length` is given) has a known size and the loop
-grows its cache in phases (`step.cache_phases`) as the Python path does. It
-writes TensorFlow Serving's warm-up file with one request
-per shape and signature (`keras_transformer.inference.warmup`). Beam size, α,
+The graph runs the Python path's own search loops (`greedy_loop`, `beam_loop`)
+and the tokenizer's own `detokenize_tf`. It pads every batch to one of the
+export's `ServingShapes` (a few batch sizes × a few widths), so XLA compiles a
+bounded set of shapes. The search is traced once per width, so that its output
+buffer (width + 50 unless `max_output_length` is given) has a known size and the
+loop grows its cache in phases (`step.cache_phases`) as the Python path does. It
+writes TensorFlow Serving's warm-up file with one request per shape and
+signature (`keras_transformer.export.warmup`). Beam size, α,
 the output length limit and N are fixed at export.
 
 Only the TensorFlow backend can write a SavedModel (the torch backend needs
@@ -49,11 +49,12 @@ import sys
 import tempfile
 
 from keras_transformer import run_files
-from keras_transformer.inference import saved_model, warmup
-from keras_transformer.inference.decoding import check_model, check_search_options
+from keras_transformer.export import versions, warmup
+from keras_transformer.export.shapes import ServingShapes
+from keras_transformer.inference.beam import beam_loop, searched_beam_size
+from keras_transformer.inference.greedy import greedy_loop
 from keras_transformer.inference.limits import smallest_bucket
-from keras_transformer.inference.search import searched_beam_size, traced_search
-from keras_transformer.inference.shapes import ServingShapes
+from keras_transformer.inference.search import check_model, check_search_options
 
 
 def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
@@ -93,7 +94,7 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
     check_search_options(beam_size, alpha, max_output_length)
     check_n_best(n_best, beam_size)
     model_path = run_files.resolve_model_path(model)
-    version = saved_model.next_version(export_base, version)
+    version = versions.next_version(export_base, version)
     options = dict(beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
                    max_source_length=max_source_length, batch_sizes=batch_sizes,
                    lengths=lengths, n_best=n_best)
@@ -105,9 +106,9 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
     path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
                         verbose=verbose, **options)
     if verbose:
-        shapes = ServingShapes.from_dict(saved_model.read_metadata(path)["shapes"])
+        shapes = ServingShapes.from_dict(versions.read_metadata(path)["shapes"])
         print(f"Exported {model_path} to {path} (signatures "
-              f"{', '.join(saved_model.read_metadata(path)['signatures'])}; "
+              f"{', '.join(versions.read_metadata(path)['signatures'])}; "
               f"{len(shapes.shapes())} compiled shapes: batch sizes "
               f"{', '.join(map(str, shapes.batch_sizes))} × source widths "
               f"{', '.join(map(str, shapes.lengths))})")
@@ -131,7 +132,7 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
     check_search_options(beam_size, alpha, max_output_length)
     check_n_best(n_best, beam_size)
     shapes = ServingShapes.for_model(model.config, max_source_length, batch_sizes, lengths)
-    version = saved_model.next_version(export_base, version)
+    version = versions.next_version(export_base, version)
     if keras.backend.backend() != "tensorflow":
         with tempfile.TemporaryDirectory(prefix="keras-transformer-export-") as directory:
             model_path = run_files.path(directory, run_files.MODEL)
@@ -153,7 +154,7 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
     _advance(progress)
     metadata = _metadata(model.config, source_tokenizer, target_tokenizer, shapes, beam_size,
                          alpha, max_output_length, n_best)
-    with saved_model.write_version(export_base, version) as partial:
+    with versions.write_version(export_base, version) as partial:
         tf.saved_model.save(module, partial, signatures=signatures)
         _advance(progress)
         word = source_tokenizer.detokenize([[_ordinary_id(source_tokenizer)]])[0] or "a"
@@ -162,7 +163,7 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
             model_name=os.path.basename(os.path.normpath(export_base)),
             n_best_sentences=None if n_best is None else warmup.sentences_for_widths(
                 source_tokenizer, shapes.lengths, word))
-        saved_model.write_metadata(partial, metadata)
+        versions.write_metadata(partial, metadata)
         _advance(progress)
     return os.path.join(export_base, str(version))
 
@@ -272,78 +273,93 @@ def _search_function(model, target_tokenizer, shapes, beam_size, alpha, max_outp
     Empty rows give no ids and score 0; an empty batch gives empty results."""
     import tensorflow as tf
 
-    pad_id = model.config.pad_id
-    eos_id = target_tokenizer.eos_id
-    special_ids = tf.constant([target_tokenizer.bos_id, eos_id], tf.int32)
+    special_ids = tf.constant([target_tokenizer.bos_id, target_tokenizer.eos_id], tf.int32)
     searched = searched_beam_size(int(beam_size), float(alpha))
-    alpha = tf.constant(alpha, tf.float32)
-
-    def compiled_for(width):
-        """The search traced for sources of exactly `width` positions: with
-        the width known, the output buffer is too (width + 50, §6.1), and the
-        loop runs in the cache phases of `cache_phases`. XLA compiles it once
-        per chunk size of `shapes`. It returns (chunk, N, L) ids and
-        (chunk, N) scores for every N."""
-
-        @tf.function(jit_compile=True,
-                     input_signature=[tf.TensorSpec([None, width], tf.int32)])
-        def compiled(source_ids):
-            ids, scores = traced_search(model, source_ids, special_ids, alpha, searched,
-                                        max_output_length, num_return=num_return)
-            if num_return == 1:
-                ids, scores = ids[:, None], scores[:, None]
-            return ids, tf.cast(scores, tf.float32)
-
-        return compiled
-
-    compiled_by_width = [compiled_for(width) for width in shapes.lengths]
-
-    def run(source_ids, lengths):
-        count = tf.shape(source_ids)[0]
-        width = smallest_bucket(tf.maximum(tf.reduce_max(lengths), 1), shapes.lengths)
-        chunk = smallest_bucket(count, shapes.batch_sizes)
-        chunks = (count + chunk - 1) // chunk
-        # Empty rows, and the rows that fill the last chunk, decode a lone EOS.
-        filler = tf.one_hot(0, width, on_value=eos_id, off_value=pad_id, dtype=tf.int32)
-        dense = tf.pad(source_ids, [[0, 0], [0, tf.maximum(width - tf.shape(source_ids)[1], 0)]],
-                       constant_values=pad_id)[:, :width]
-        dense = tf.where((lengths > 0)[:, None], dense, filler[None, :])
-        dense = tf.concat([dense, tf.tile(filler[None, :], [chunks * chunk - count, 1])], axis=0)
-
-        def branch(index):
-            def decode():
-                ids, scores = tf.map_fn(
-                    compiled_by_width[index],
-                    tf.reshape(dense, [chunks, chunk, shapes.lengths[index]]),
-                    parallel_iterations=1,
-                    fn_output_signature=(tf.TensorSpec([None, num_return, None], tf.int32),
-                                         tf.TensorSpec([None, num_return], tf.float32)))
-                return tf.reshape(ids, [chunks * chunk, num_return, -1]), scores
-
-            return decode
-
-        # The index of `width` among the compiled widths.
-        index = tf.reduce_sum(tf.cast(tf.constant(shapes.lengths, tf.int32) < width, tf.int32))
-        ids, scores = tf.switch_case(index, [branch(i) for i in range(len(shapes.lengths))])
-        ids = ids[:count]
-        scores = tf.reshape(scores, [chunks * chunk, num_return])[:count]
-        ids = tf.where((lengths > 0)[:, None, None], ids, pad_id)
-        scores = tf.where((lengths > 0)[:, None], scores, 0.0)
-        longest = tf.reduce_max(tf.reduce_sum(tf.cast(ids != pad_id, tf.int32), axis=2))
-        return ids[:, :, :longest], scores
+    loop_args = (special_ids, tf.constant(alpha, tf.float32), searched, max_output_length,
+                 num_return)
+    compiled_by_width = [_compiled_for_width(model, width, *loop_args)
+                         for width in shapes.lengths]
 
     def search(source_ids, lengths):
         def empty():
             return tf.zeros([0, num_return, 0], tf.int32), tf.zeros([0, num_return], tf.float32)
 
-        ids, scores = tf.cond(tf.shape(source_ids)[0] > 0, lambda: run(source_ids, lengths),
-                              empty)
+        ids, scores = tf.cond(
+            tf.shape(source_ids)[0] > 0,
+            lambda: _bucketed_search(model.config.pad_id, target_tokenizer.eos_id, shapes,
+                                     compiled_by_width, num_return, source_ids, lengths),
+            empty)
         if num_return == 1:
             return ids[:, 0], scores[:, 0]
         return ids, scores
 
     search.num_return = num_return
     return search
+
+
+def _compiled_for_width(model, width, special_ids, alpha, beam_size, max_output_length,
+                        num_return):
+    """The search traced for sources of exactly `width` positions: with the
+    width known, the output buffer is too (width + 50, §6.1), and the loop
+    runs in the cache phases of `cache_phases`. XLA compiles it once per
+    chunk size of the shapes. It returns (chunk, N, L) ids and (chunk, N)
+    scores for every N: greedy search's loop for a `beam_size` of None
+    (`searched_beam_size`), else beam search's."""
+    import tensorflow as tf
+
+    @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([None, width], tf.int32)])
+    def compiled(source_ids):
+        if beam_size is None:
+            ids, scores = greedy_loop(model, source_ids, special_ids, max_output_length)
+        else:
+            ids, scores = beam_loop(model, source_ids, special_ids, alpha, beam_size,
+                                    max_output_length, num_return)
+        if num_return == 1:
+            ids, scores = ids[:, None], scores[:, None]
+        return ids, tf.cast(scores, tf.float32)
+
+    return compiled
+
+
+def _bucketed_search(pad_id, eos_id, shapes, compiled_by_width, num_return, source_ids,
+                     lengths):
+    """Runs a non-empty batch at the smallest compiled width that holds its
+    longest row, in chunks of the smallest compiled batch size that holds it
+    (or the largest); empty rows, and the rows that fill the last chunk,
+    decode a lone EOS and give no ids and score 0."""
+    import tensorflow as tf
+
+    count = tf.shape(source_ids)[0]
+    width = smallest_bucket(tf.maximum(tf.reduce_max(lengths), 1), shapes.lengths)
+    chunk = smallest_bucket(count, shapes.batch_sizes)
+    chunks = (count + chunk - 1) // chunk
+    filler = tf.one_hot(0, width, on_value=eos_id, off_value=pad_id, dtype=tf.int32)
+    dense = tf.pad(source_ids, [[0, 0], [0, tf.maximum(width - tf.shape(source_ids)[1], 0)]],
+                   constant_values=pad_id)[:, :width]
+    dense = tf.where((lengths > 0)[:, None], dense, filler[None, :])
+    dense = tf.concat([dense, tf.tile(filler[None, :], [chunks * chunk - count, 1])], axis=0)
+
+    def branch(index):
+        def decode():
+            ids, scores = tf.map_fn(
+                compiled_by_width[index],
+                tf.reshape(dense, [chunks, chunk, shapes.lengths[index]]),
+                parallel_iterations=1,
+                fn_output_signature=(tf.TensorSpec([None, num_return, None], tf.int32),
+                                     tf.TensorSpec([None, num_return], tf.float32)))
+            return tf.reshape(ids, [chunks * chunk, num_return, -1]), scores
+
+        return decode
+
+    # The index of `width` among the compiled widths.
+    index = tf.reduce_sum(tf.cast(tf.constant(shapes.lengths, tf.int32) < width, tf.int32))
+    ids, scores = tf.switch_case(index, [branch(i) for i in range(len(shapes.lengths))])
+    ids = ids[:count]
+    scores = tf.reshape(scores, [chunks * chunk, num_return])[:count]
+    ids = tf.where((lengths > 0)[:, None, None], ids, pad_id)
+    scores = tf.where((lengths > 0)[:, None], scores, 0.0)
+    longest = tf.reduce_max(tf.reduce_sum(tf.cast(ids != pad_id, tf.int32), axis=2))
+    return ids[:, :, :longest], scores
 
 
 def _ids_signature(config, source_tokenizer, shapes, search):

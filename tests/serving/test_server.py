@@ -1,4 +1,4 @@
-"""The TF-Serving-style server (`keras_transformer.inference.serving`) over a
+"""The TF-Serving-style server (`keras_transformer.serving`) over a
 tiny exported model: client mistakes down to malformed HTTP answered with a
 4xx JSON error and the server still serving, batching that answers what
 serial requests answer, a full batch queue answered 503, versions picked up
@@ -33,12 +33,12 @@ import numpy as np
 import pytest
 from helpers import REPOSITORY
 
-from keras_transformer.inference.serving import (
+from keras_transformer.serving import (
     BatchingParameters,
     ServerOptions,
     TranslationServer,
 )
-from keras_transformer.inference.serving.batching import QueueFullError
+from keras_transformer.serving.batching import QueueFullError
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
@@ -169,7 +169,7 @@ def model(tmp_path_factory):
     translations differ from sentence to sentence, exported greedy as
     `saved_models/tiny/1` with one compiled shape."""
     import keras_transformer as kt
-    from keras_transformer.inference.export import export_model
+    from keras_transformer.export.saved_model import export_model
     from keras_transformer.tokenizers import SubwordTokenizer
     from keras_transformer.training.data import synthetic_translation
 

@@ -9,8 +9,8 @@ a version that failed to load is not retried). A new version is loaded and warme
 served one; only then is it AVAILABLE, and the old one is unloaded (requests
 already queued for it still finish on it). Exports appear atomically (a
 hidden folder renamed when complete, see
-`keras_transformer.inference.saved_model`), and a version folder without its
-`saved_model.pb` and export settings is never loaded, so a half-written
+`keras_transformer.export.versions`), and a version folder without its
+`versions.pb` and export settings is never loaded, so a half-written
 version is never served. A version that fails to load is reported with its
 error and the served one stays.
 
@@ -22,7 +22,7 @@ import os
 import threading
 import time
 
-from keras_transformer.inference import saved_model
+from keras_transformer.export import versions
 
 
 class ModelManager:
@@ -38,7 +38,7 @@ class ModelManager:
 
     def __init__(self, base_path, load, poll_seconds=1.0, log=print):
         self.base_path = os.path.normpath(base_path)
-        self._single = os.path.exists(os.path.join(self.base_path, "saved_model.pb"))
+        self._single = os.path.exists(os.path.join(self.base_path, "versions.pb"))
         self._load = load
         self._log = log
         self._poll_seconds = 0 if self._single else poll_seconds
@@ -60,7 +60,7 @@ class ModelManager:
             FileNotFoundError: when there is no complete version to serve.
             Exception: what loading the highest version raised.
         """
-        path = saved_model.latest_version_path(self.base_path)
+        path = versions.latest_version_path(self.base_path)
         self._load_version(int(os.path.basename(path)), path, raise_errors=True)
         if self._poll_seconds:
             self._thread = threading.Thread(target=self._poll_loop, name="version-poll",
@@ -76,7 +76,7 @@ class ModelManager:
 
     def poll(self):
         """Loads the highest complete version if it is newer than the one served."""
-        candidates = [v for v in saved_model.versions(self.base_path)
+        candidates = [v for v in versions.versions(self.base_path)
                       if self._complete(v) and v not in self._states]
         served = self._servable.version if self._servable is not None else 0
         newer = [v for v in candidates if v > served]
@@ -96,7 +96,7 @@ class ModelManager:
     def _complete(self, version):
         folder = os.path.join(self.base_path, str(version))
         return all(os.path.exists(os.path.join(folder, name))
-                   for name in ("saved_model.pb", saved_model.METADATA_PATH))
+                   for name in ("versions.pb", versions.METADATA_PATH))
 
     def _set_state(self, version, state, error=""):
         with self._lock:

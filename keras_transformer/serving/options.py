@@ -10,7 +10,7 @@ bound.
 import dataclasses
 
 from keras_transformer import validation
-from keras_transformer.inference.serving.batching import BatchingParameters
+from keras_transformer.serving.batching import BatchingParameters
 
 #: The REST port of TensorFlow Serving's Docker image and examples.
 DEFAULT_PORT = 8501

@@ -3,7 +3,7 @@
 An export base (e.g. `saved_models/NAME/`) holds one folder per version,
 `1/`, `2/`, ..., each a SavedModel with `assets.extra/keras_transformer.json`
 (the export's settings) beside its variables. TensorFlow Serving, and our
-built-in server (`keras_transformer.inference.serving`), load the highest
+built-in server (`keras_transformer.serving`), load the highest
 version and ignore other names.
 
 A version is written by `write_version`: into a hidden folder beside its final

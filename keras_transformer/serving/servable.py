@@ -1,6 +1,6 @@
 """A servable: one loaded version of an exported translation model (§6.1 search, served).
 
-`Servable` loads a version written by `keras_transformer.inference.export`,
+`Servable` loads a version written by `keras_transformer.export.saved_model`,
 replays its warm-up requests, and runs its signatures (two, or three for an
 export with `--n-best`) on lists of instances. `parse_predict_request` turns
 a TensorFlow Serving REST predict body into a `PredictRequest`, checking
@@ -13,8 +13,8 @@ import binascii
 import dataclasses
 import os
 
-from keras_transformer.inference import saved_model, warmup
-from keras_transformer.inference.shapes import ServingShapes
+from keras_transformer.export import versions, warmup
+from keras_transformer.export.shapes import ServingShapes
 
 #: The signatures every export has.
 SIGNATURES = ("serving_default", "translate_ids")
@@ -156,7 +156,7 @@ class Servable:
     """
 
     def __init__(self, version_path, max_instances, max_chars):
-        self.loaded, self.version_path = saved_model.load_saved_model(version_path)
+        self.loaded, self.version_path = versions.load_saved_model(version_path)
         missing = [s for s in SIGNATURES if s not in self.loaded.signatures]
         if missing:
             raise ValueError(f"{version_path!r} lacks the signature(s) {', '.join(missing)}: "
@@ -164,7 +164,7 @@ class Servable:
         self.signatures = SIGNATURES + tuple(
             s for s in (N_BEST_SIGNATURE,) if s in self.loaded.signatures)
         self.version = int(os.path.basename(os.path.normpath(self.version_path)))
-        self.metadata = saved_model.read_metadata(self.version_path)
+        self.metadata = versions.read_metadata(self.version_path)
         self.max_instances = max_instances
         self.max_chars = max_chars
         self.vocab_size = self.metadata["config"]["vocab_size"]

@@ -1,4 +1,4 @@
-"""The batching scheduler (`keras_transformer.inference.serving.batching`),
+"""The batching scheduler (`keras_transformer.serving.batching`),
 with a servable that runs when the test lets it: a bounded queue that refuses
 what does not fit, tasks of one signature merged, large tasks split and
 reassembled in order, cancelled tasks dropped, and a failed batch's error
@@ -13,8 +13,8 @@ import threading
 import keras
 import pytest
 
-from keras_transformer.inference.serving import BatchingParameters, BatchScheduler
-from keras_transformer.inference.serving.batching import QueueFullError
+from keras_transformer.serving import BatchingParameters, BatchScheduler
+from keras_transformer.serving.batching import QueueFullError
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",

@@ -6,7 +6,7 @@ would compile on the request path for minutes. The exported signatures
 therefore pad every batch up to one of a few batch sizes and every source
 width up to one of a few lengths, chosen at export: any request then runs on
 one of `len(batch_sizes) × len(lengths)` shapes, all compiled by the warm-up
-(`keras_transformer.inference.warmup`) before the version is served.
+(`keras_transformer.export.warmup`) before the version is served.
 
 A batch larger than the largest batch size runs as several chunks of that
 size; a sentence longer than the largest length is truncated to it and

@@ -1,4 +1,4 @@
-"""Tests of keras_transformer.inference.ctranslate2_export: a CTranslate2 model
+"""Tests of keras_transformer.export.ctranslate2: a CTranslate2 model
 written from ours decodes to our ids.
 
 The conversion only reads weights, so it is the same under every backend: the
@@ -15,12 +15,12 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import cli, run_files
-from keras_transformer.inference import Translator
-from keras_transformer.inference.ctranslate2_export import (
+from keras_transformer.export.ctranslate2 import (
     convert_model,
     export_ctranslate2,
     transformer_spec,
 )
+from keras_transformer.inference import Translator
 from keras_transformer.inference.limits import LENGTH_OFFSET
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.data import synthetic_translation

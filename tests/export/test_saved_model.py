@@ -16,13 +16,13 @@ import pytest
 from helpers import REPOSITORY
 
 from keras_transformer import cli, run_files
-from keras_transformer.inference import beam_search
-from keras_transformer.inference.export import export_saved_model
-from keras_transformer.inference.saved_model import (
+from keras_transformer.export.saved_model import export_saved_model
+from keras_transformer.export.versions import (
     latest_version_path,
     load_saved_model,
     read_metadata,
 )
+from keras_transformer.inference import beam_search
 
 QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
@@ -229,7 +229,7 @@ def test_batches_larger_than_the_largest_compiled_size_run_in_chunks(exported):
 
 @tensorflow_pass
 def test_warmup_file_holds_one_request_per_compiled_shape(exported):
-    from keras_transformer.inference.warmup import WARMUP_PATH, read_warmup_requests
+    from keras_transformer.export.warmup import WARMUP_PATH, read_warmup_requests
 
     assert os.path.exists(os.path.join(exported["beam"], WARMUP_PATH))
     requests = read_warmup_requests(exported["beam"])
@@ -249,8 +249,8 @@ def test_n_best_signature_returns_the_translators_n_best_lists(exported, referen
                                                               tmp_path_factory):
     import tensorflow as tf
 
-    from keras_transformer.inference.serving.servable import Servable, parse_predict_request
-    from keras_transformer.inference.warmup import read_warmup_requests
+    from keras_transformer.export.warmup import read_warmup_requests
+    from keras_transformer.serving.servable import Servable, parse_predict_request
 
     base = str(tmp_path_factory.mktemp("n_best") / "tiny")
     path = export_saved_model(exported["run_dir"], base, n_best=3, verbose=False,
@@ -302,7 +302,7 @@ def test_n_best_export_options_are_checked(exported, tmp_path, n_best, message):
 
 def test_serving_shapes_are_checked():
     import keras_transformer as kt
-    from keras_transformer.inference.shapes import ServingShapes
+    from keras_transformer.export.shapes import ServingShapes
 
     config = kt.TransformerConfig.tiny(vocab_size=20, max_length=200)
     shapes = ServingShapes.for_model(config)

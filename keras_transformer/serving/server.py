@@ -32,13 +32,13 @@ import threading
 import time
 import traceback
 
-from keras_transformer.inference import saved_model
-from keras_transformer.inference.serving.batching import BatchScheduler, QueueFullError
-from keras_transformer.inference.serving.manager import ModelManager
-from keras_transformer.inference.serving.metrics import ServingMetrics
-from keras_transformer.inference.serving.options import ServerOptions
-from keras_transformer.inference.serving.protocol import protocol_class
-from keras_transformer.inference.serving.servable import (
+from keras_transformer.export import versions
+from keras_transformer.serving.batching import BatchScheduler, QueueFullError
+from keras_transformer.serving.manager import ModelManager
+from keras_transformer.serving.metrics import ServingMetrics
+from keras_transformer.serving.options import ServerOptions
+from keras_transformer.serving.protocol import protocol_class
+from keras_transformer.serving.servable import (
     RequestError,
     Servable,
     format_response,
@@ -71,7 +71,7 @@ class TranslationServer:
         self.options = options
         self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         # Fail at once, before binding, when there is nothing to serve.
-        saved_model.latest_version_path(base_path)
+        versions.latest_version_path(base_path)
         base = os.path.normpath(base_path)
         if os.path.exists(os.path.join(base, "saved_model.pb")):
             base_name = os.path.dirname(os.path.abspath(base))

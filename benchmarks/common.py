@@ -33,7 +33,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # `python benchmarks/x.py` without an install
 
-from keras_transformer.training.toy_tasks import ToyVocabulary  # noqa: E402
+from keras_transformer.data.toy_tasks import ToyVocabulary  # noqa: E402
 
 FLOP_FORMULA = (
     "train FLOPs/step = 3 x forward; forward = B*N*[S*(8d^2+4df) + 4S^2d] (encoder)"
@@ -103,7 +103,7 @@ def test_set(sources_path=None, references_path=None, limit=None):
         with open(references_path, encoding="utf-8") as f:
             references = f.read().splitlines()
     else:
-        from keras_transformer.training.data import synthetic_translation
+        from keras_transformer.data.corpora import synthetic_translation
 
         test = synthetic_translation(500, seed=3)
         sources, references = list(test.sources), list(test.targets)

@@ -32,8 +32,8 @@ def main(argv=None):
     parser.add_argument("--output", required=True, help="the .npy file to write")
     args = parser.parse_args(argv)
 
+    from keras_transformer.data.corpora import load_multi30k
     from keras_transformer.tokenizers import SubwordTokenizer
-    from keras_transformer.training.data import load_multi30k
 
     train = load_multi30k(args.data_dir)["train"]
     texts = train.sources + train.targets

@@ -92,7 +92,7 @@ class SentenceBank:
     count + EOS falls in the bucket (with their ids)."""
 
     def __init__(self, run_dir, count):
-        from keras_transformer.training.data import synthetic_translation
+        from keras_transformer.data.corpora import synthetic_translation
 
         self.sources = list(synthetic_translation(count, seed=3).sources)
         self.tokenizer = None

@@ -20,6 +20,8 @@ import numbers
 
 NORM_POSITIONS = ("post", "pre")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
+# The Keras dtype policies training runs under (mixed_* keep float32 variables).
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def _fail(name, value, rule, hint):

@@ -4,7 +4,7 @@ The file lists one English sentence with several translations, so the pairs are 
 into train / validation / test by English sentence: no English sentence appears in two
 splits. Without `--data`, English-Spanish is downloaded on first use (`spa-eng.zip`, the
 archive of the keras.io English-to-Spanish Transformer example) and its `spa.txt`
-checked against a pinned sha256 (`keras_transformer.training.downloads`); other
+checked against a pinned sha256 (`keras_transformer.data.downloads`); other
 languages need `--data` (files from www.manythings.org/anki). The run itself is
 `keras_transformer.training.run.run`.
 
@@ -42,8 +42,8 @@ def main(argv=None):
     direction = args.direction or f"en-{args.language}"
     name = f"anki-{direction}"
     options = recipe.run_options(parser, args, name, run_dir=f"runs/{name}")
-    from keras_transformer.training.data import first_pairs, load_tatoeba
-    from keras_transformer.training.downloads import fetch_anki_spa_eng
+    from keras_transformer.data.corpora import first_pairs, load_tatoeba
+    from keras_transformer.data.downloads import fetch_anki_spa_eng
     from keras_transformer.training.run import run
 
     splits = load_tatoeba(args.data or fetch_anki_spa_eng(), direction,

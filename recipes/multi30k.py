@@ -4,7 +4,7 @@ small translation benchmark, trainable on a CPU.
 Reads train / val / test_2016_flickr from `--data-dir` (plain or gzipped files, one
 sentence per line); without it, downloads the six files of the dataset's GitHub
 repository into the Keras cache on first use and checks their sha256
-(`keras_transformer.training.downloads`). Learns a SentencePiece vocabulary per
+(`keras_transformer.data.downloads`). Learns a SentencePiece vocabulary per
 language, trains with the paper's optimizer and label smoothing, and reports BLEU of
 beam search (beam 4) on test2016.
 
@@ -40,8 +40,8 @@ def add_data_options(parser):
 
 def load_splits(args):
     """The Multi30k splits of --direction, the training split cut to --train-limit."""
-    from keras_transformer.training.data import first_pairs, load_multi30k
-    from keras_transformer.training.downloads import fetch_multi30k
+    from keras_transformer.data.corpora import first_pairs, load_multi30k
+    from keras_transformer.data.downloads import fetch_multi30k
 
     splits = load_multi30k(args.data_dir or fetch_multi30k(), args.direction)
     splits["train"] = first_pairs(splits["train"], args.train_limit)

@@ -1,7 +1,7 @@
 """Quickstart (§5 training, §6.1 results): the main job. Trains a small Transformer with
 `model.fit` on the embedded synthetic translation task, in a few minutes on a 2-core CPU.
 
-The task (`keras_transformer.training.data.synthetic_translation`) is a made-up
+The task (`keras_transformer.data.corpora.synthetic_translation`) is a made-up
 language pair: 132 source words, a one-to-one dictionary, and a target word order
 that reverses the source, so every output word must attend to a different source
 position. The recipe learns a SentencePiece vocabulary, trains, saves
@@ -36,7 +36,7 @@ def main(argv=None):
                         help="synthetic held-out pairs (validation and test each)")
     args = parser.parse_args(argv)
     options = recipe.run_options(parser, args, "quickstart")
-    from keras_transformer.training.data import synthetic_translation
+    from keras_transformer.data.corpora import synthetic_translation
     from keras_transformer.training.run import run
 
     splits = {

@@ -47,7 +47,7 @@ def main(argv=None):
             setattr(args, key, value)
     options = recipe.run_options(parser, args, f"wmt14-{args.config}",
                                  run_dir=f"runs/wmt14-{args.config}-{args.direction}")
-    from keras_transformer.training.data import load_wmt14
+    from keras_transformer.data.corpora import load_wmt14
     from keras_transformer.training.run import run
 
     splits = {split: load_wmt14(split, args.direction, args.tfds_dir,

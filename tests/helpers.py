@@ -31,8 +31,8 @@ import pytest
 from keras import ops
 
 import keras_transformer as kt
+from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.data import synthetic_translation
 
 # The repository's root: the working directory of the tests' subprocesses.
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,7 +313,7 @@ def data_mirror():
     """{URL path: bytes} of a mirror of the recipes' downloads, made from
     ../shared/data: the Multi30k .gz files as they are, and spa-eng.zip built
     like the keras.io archive (spa-eng/spa.txt and spa-eng/_about.txt)."""
-    from keras_transformer.training import downloads
+    from keras_transformer.data import downloads
 
     files = {}
     for remote in downloads.MULTI30K.files:

@@ -14,8 +14,8 @@ from helpers import REPOSITORY, untrained_run_dir
 import keras_transformer as kt
 from keras_transformer import cli, logs, run_files
 from keras_transformer.cli import commands
+from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.inference import Translator
-from keras_transformer.training.data import synthetic_translation
 
 
 @pytest.fixture(scope="module")
@@ -390,7 +390,7 @@ def test_average_warns_of_missing_checkpoints_and_keeps_an_existing_output(tmp_p
 
 
 def test_a_compiled_model_loads_without_keras_compile_warning(tmp_path, recwarn):
-    from keras_transformer.training.run import compile_model
+    from keras_transformer.training.compile import compile_model
 
     config = kt.TransformerConfig.tiny(vocab_size=12)
     model = kt.Transformer(config)

@@ -15,7 +15,7 @@ from helpers import REPOSITORY, shared_data, untrained_run_dir
 
 from keras_transformer import cli
 from keras_transformer.cli import errors
-from keras_transformer.distribution import PeerLostError
+from keras_transformer.training.distribution import PeerLostError
 from keras_transformer.training.fit import NonFiniteLossError
 from recipes import anki, multi30k, quickstart, table3
 

@@ -1,6 +1,8 @@
-"""How the code base reads (STYLE.md): short modules with one job, imports that
-flow one way from the outer rings to the inner ones, no import cycle, and
-docstrings that explain rather than record measurements."""
+"""How the code base reads: short modules with one job and short functions,
+package folders of a size a reader can hold, imports that flow one way from the
+outer rings (command line, training, serving) to the inner ones (the paper's
+layers), no import cycle, and docstrings that explain rather than record
+measurements."""
 
 import ast
 import glob
@@ -22,11 +24,16 @@ RINGS = [
     {"validation", "config", "backend", "logs"},
     {"layers"},
     {"model", "id_checks"},
-    {"tokenizers", "run_files", "distribution"},
-    {"inference", "evaluation"},
-    {"training", "plots"},
+    {"tokenizers", "run_files"},
+    {"inference", "evaluation", "data"},
+    {"export"},
+    {"serving", "training", "plots"},
     {"cli"},
 ]
+# Body lines of a function, its docstring left out.
+LONGEST_FUNCTION = 60
+# Lines of one package folder of the library (its modules together).
+LARGEST_PACKAGE = 2500
 
 
 def python_files(*folders):
@@ -94,6 +101,46 @@ def test_modules_are_short(folder, most):
     long = {os.path.relpath(path, REPOSITORY): lines for path in python_files(folder)
             if (lines := sum(1 for _ in open(path, encoding="utf-8"))) > most}
     assert long == {}
+
+
+def function_lengths(path):
+    """(name, first line, body lines) of every function in a file."""
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            if body:
+                found.append((node.name, node.lineno, node.end_lineno - body[0].lineno + 1))
+    return found
+
+
+def test_function_lengths_are_counted_without_the_docstring():
+    lines = ["def f():", '    """Doc', '    string."""', "    a = 1", "", "    return a"]
+    path = os.path.join(os.path.dirname(__file__), "..", ".function_lengths_probe.py")
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write("\n".join(lines) + "\n")
+        assert function_lengths(path) == [("f", 1, 3)]
+    finally:
+        os.remove(path)
+
+
+@pytest.mark.parametrize("folder", [PACKAGE, "recipes", "benchmarks"])
+def test_functions_are_short(folder):
+    long = [f"{os.path.relpath(path, REPOSITORY)}:{line} {name} ({lines} lines)"
+            for path in python_files(folder)
+            for name, line, lines in function_lengths(path) if lines > LONGEST_FUNCTION]
+    assert long == []
+
+
+def test_package_folders_are_of_a_readable_size():
+    sizes = {}
+    for path in python_files(PACKAGE):
+        folder = os.path.relpath(os.path.dirname(path), REPOSITORY)
+        sizes[folder] = sizes.get(folder, 0) + sum(1 for _ in open(path, encoding="utf-8"))
+    assert {folder: lines for folder, lines in sizes.items() if lines > LARGEST_PACKAGE} == {}
 
 
 def test_no_module_imports_a_module_that_imports_it_back():

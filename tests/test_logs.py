@@ -140,7 +140,7 @@ def test_bleu_force_turns_the_tokenized_text_warning_off(caplog):
 
 LIBRARY_USE = (
     "from keras_transformer.tokenizers import SubwordTokenizer\n"
-    "from keras_transformer.training.data import synthetic_translation\n"
+    "from keras_transformer.data.corpora import synthetic_translation\n"
     "pairs = synthetic_translation(200, seed=0)\n"
     "SubwordTokenizer.train(pairs.sources + pairs.targets, vocab_size=200)\n"
     "print('trained')\n"

@@ -41,11 +41,11 @@ LIMIT = 600  # seconds a run of the tests' processes may take
 SCRIPT = r"""
 import json, sys
 run_dir, steps, every, devices, validation = sys.argv[1:]
-from keras_transformer import distribution
+from keras_transformer.training import distribution
 if int(devices):
     distribution.virtual_cpu_devices(int(devices))
 from keras_transformer import TransformerConfig
-from keras_transformer.training.data import synthetic_translation
+from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.training.run import RunOptions, run
 
 config = TransformerConfig.tiny(vocab_size=320, d_model=32, d_ff=64, num_heads=2, num_layers=1,

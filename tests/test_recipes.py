@@ -17,9 +17,9 @@ from helpers import REPOSITORY, data_mirror, loopback_http, shared_data
 import keras_transformer as kt
 from keras_transformer import run_files as run_dir_files
 from keras_transformer.cli import recipe
+from keras_transformer.data import downloads
+from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.export.versions import read_metadata
-from keras_transformer.training import downloads
-from keras_transformer.training.data import synthetic_translation
 from keras_transformer.training.run import cooldown_steps
 from keras_transformer.training.vocabulary import learn_or_load_tokenizers
 from recipes import anki, average, multi30k, quickstart, table3, wmt14

@@ -33,9 +33,9 @@ import pytest
 from helpers import tiny_model
 
 from keras_transformer import cli, run_files
+from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.averaging import average_checkpoints
-from keras_transformer.training.data import synthetic_translation
 
 # What a refusal says; Keras's advice to turn safe mode off must not reach the user.
 REFUSED = "contains code that Keras's safe mode refuses to run"

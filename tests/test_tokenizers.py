@@ -5,8 +5,8 @@ import os
 import pytest
 
 from keras_transformer import tokenizers
+from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.data import synthetic_translation
 
 TEXTS = [
     "A man rides a bike.", "Two dogs play in the snow!", "Ein Mann fährt Fahrrad.",

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
+from keras_transformer.data.toy_tasks import ToyVocabulary, copy_task, reverse_task
 from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.toy_tasks import ToyVocabulary, copy_task, reverse_task
 
 
 def compile_model(model, learning_rate=None, warmup_steps=100, scale=1.0):

@@ -33,9 +33,9 @@ def main(argv=None):
     import numpy as np
 
     import keras_transformer as kt
+    from keras_transformer.data.corpora import synthetic_translation
+    from keras_transformer.data.pipeline import make_dataset
     from keras_transformer.tokenizers import SubwordTokenizer
-    from keras_transformer.training.data import synthetic_translation
-    from keras_transformer.training.pipeline import make_dataset
 
     corpus = synthetic_translation(20000, seed=1)
     tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, 320)

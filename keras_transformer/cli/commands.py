@@ -47,7 +47,7 @@ def sampling_options(args):
 def evaluate(args):
     """`keras-transformer evaluate`: BLEU of a test set (§6.1)."""
     from keras_transformer import evaluation
-    from keras_transformer.training.data import read_parallel
+    from keras_transformer.data.corpora import read_parallel
 
     corpus = read_parallel(args.source, args.reference)
     sources, references = corpus.sources[: args.limit], corpus.targets[: args.limit]

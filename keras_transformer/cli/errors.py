@@ -72,7 +72,7 @@ def _failed_run(error):
     raises them, so their modules are loaded by then)."""
     failed = [getattr(sys.modules.get(module), name, None) for module, name in (
         ("keras_transformer.training.fit", "NonFiniteLossError"),
-        ("keras_transformer.distribution", "PeerLostError"))]
+        ("keras_transformer.training.distribution", "PeerLostError"))]
     return isinstance(error, tuple(kind for kind in failed if kind is not None))
 
 

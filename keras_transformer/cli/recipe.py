@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import sys
 
+from keras_transformer import validation
 from keras_transformer.cli import options
 from keras_transformer.cli.options import (
     non_negative_floats,
@@ -23,7 +24,6 @@ from keras_transformer.cli.options import (
     steps_or_percent,
 )
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")  # = training.run.PRECISIONS
 PRESETS = ("tiny", "small", "base", "big")
 # Model options that override the preset's value when given (TransformerConfig fields).
 MODEL_FIELDS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
@@ -35,7 +35,7 @@ MODEL_FIELDS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
 OPTIONS = {
     "run_dir": dict(help="folder for checkpoints, logs, the tokenizer and the final model; "
                          "running the same command again resumes from it"),
-    "precision": dict(choices=PRECISIONS, default="float32",
+    "precision": dict(choices=validation.PRECISIONS, default="float32",
                       help="Keras dtype policy for training (mixed_* keep float32 variables)"),
     "seed": dict(type=int, default=0, help="random seed"),
     "verbose": dict(type=int, choices=(0, 1, 2), default=1,

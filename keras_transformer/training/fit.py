@@ -24,7 +24,7 @@ learning rate for instance, resumes from that state.
 Its files go where `keras_transformer.run_files` names them (backup/,
 checkpoints/, logs/, training_log.csv). In a multi-process run every process runs
 the same callbacks, and those of the processes other than the chief write into a
-`save_dir` of their own (`keras_transformer.distribution.Distributed.writes_to`),
+`save_dir` of their own (`keras_transformer.training.distribution.Distributed.writes_to`),
 while all restore the chief's backup.
 """
 

@@ -13,7 +13,7 @@ Each of these is a phase ("training", "saved", "averaged", "tuned", "evaluated",
 done, rewritten atomically after each, so the same call after a crash or a kill does
 only what is left, and training resumes from the backup of its last window. A larger
 `steps` trains on (every later phase runs again); `evaluate_only` scores a finished run
-again without training. Under a cluster of processes (`keras_transformer.distribution`:
+again without training. Under a cluster of processes (`keras_transformer.training.distribution`:
 `KERAS_DISTRIBUTION_*` for JAX, `TF_CONFIG` for TensorFlow, with `distribute="data"`)
 every process trains, the chief (process 0) alone writes the run directory, which all
 of them must share, and the chief alone does the phases after training. With
@@ -23,7 +23,7 @@ training package: it uses `inference` and `evaluation`, and neither imports it.
 Example, from your own script (a few minutes on a CPU):
 
     from keras_transformer import TransformerConfig
-    from keras_transformer.training.data import synthetic_translation
+    from keras_transformer.data.corpora import synthetic_translation
     from keras_transformer.training.run import RunOptions, run
 
     splits = {"train": synthetic_translation(2000, seed=1),
@@ -43,21 +43,19 @@ import time
 
 import keras
 
-from keras_transformer import backend, distribution, run_files
+from keras_transformer import backend, run_files
+from keras_transformer.data.corpora import ParallelCorpus
+from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.inference import Translator
 from keras_transformer.model import Transformer
-from keras_transformer.training import scoring
+from keras_transformer.training import distribution, scoring
 from keras_transformer.training.averaging import average_checkpoints
-from keras_transformer.training.data import ParallelCorpus
+from keras_transformer.training.compile import compile_model
 from keras_transformer.training.fit import fit_steps, list_checkpoints, optimizer_step
-from keras_transformer.training.losses import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
-from keras_transformer.training.pipeline import make_dataset
-from keras_transformer.training.run_options import PRECISIONS, RunOptions, cooldown_steps
-from keras_transformer.training.schedule import paper_adam
+from keras_transformer.training.run_options import RunOptions, cooldown_steps
 from keras_transformer.training.vocabulary import shared_tokenizers
 
-__all__ = ["PHASES", "PRECISIONS", "SPLITS", "RunOptions", "compile_model", "cooldown_steps",
-           "run"]
+__all__ = ["PHASES", "SPLITS", "RunOptions", "cooldown_steps", "run"]
 
 PHASES = ("training", "saved", "averaged", "tuned", "evaluated", "evaluated_averaged",
           "validation_curve", "exported")
@@ -66,18 +64,6 @@ SPLITS = ("train", "validation", "test")
 _TEST_FIGURES = ("bleu", "bleu_lowercase", "bleu_signature", "exact_match", "beam_size",
                  "alpha", "test_sentences", "test_references", "sentences_per_second",
                  "per_pair", "averaged")
-
-
-def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0):
-    """The paper's training setup: Adam(0.9, 0.98, 1e-9) on the eq. (3) schedule (×
-    `lr_scale`, with an optional linear cooldown over the last `cooldown` of
-    `total_steps`), label smoothing ε_ls (§5.4) and masked token accuracy."""
-    model.compile(
-        optimizer=paper_adam(config.d_model, config.warmup_steps, lr_scale, total_steps,
-                             cooldown),
-        loss=LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id),
-        metrics=[MaskedTokenAccuracy(pad_id=config.pad_id)],
-    )
 
 
 class _Record:
@@ -137,7 +123,7 @@ def run(splits, config, options):
         FileNotFoundError: `evaluate_only` without a finished run.
         keras_transformer.training.fit.NonFiniteLossError: The loss became NaN or
             infinite; the run directory keeps its last finite state.
-        keras_transformer.distribution.PeerLostError: A TensorFlow worker died
+        keras_transformer.training.distribution.PeerLostError: A TensorFlow worker died
             (a JAX process that loses a peer is ended by JAX's runtime).
     """
     unknown = sorted(set(splits) - set(SPLITS))

@@ -8,10 +8,9 @@ options are made, so an impossible run is refused before any data is read.
 import dataclasses
 from typing import Optional, Sequence, Union
 
-from keras_transformer import distribution, tokenizers
+from keras_transformer import tokenizers
 from keras_transformer import validation as checks
-
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+from keras_transformer.training import distribution
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +31,7 @@ class RunOptions:
         seed: Random seed of Keras and of the pipeline's shuffling.
         verbose: `model.fit` verbosity (0, 1 or 2); 0 also hides the test progress.
         distribute, model_parallel: Several devices: "data" or "model" parallel
-            (`keras_transformer.distribution.setup`), or "none". "data" also
+            (`keras_transformer.training.distribution.setup`), or "none". "data" also
             trains over the processes that the environment names.
         peer_timeout: Seconds after which a JAX cluster declares a silent process
             dead and stops the others (TensorFlow's own timeout is 10 s).
@@ -99,7 +98,7 @@ class RunOptions:
                 checks.check_positive_int(name, getattr(self, name))
         if self.epochs is not None:
             checks.check_positive_number("epochs", self.epochs)
-        checks.check_choice("precision", self.precision, PRECISIONS)
+        checks.check_choice("precision", self.precision, checks.PRECISIONS)
         checks.check_choice("distribute", self.distribute, distribution.KINDS)
         checks.check_choice("tokenizer", self.tokenizer, tokenizers.KINDS)
         checks.check_choice("verbose", self.verbose, (0, 1, 2))

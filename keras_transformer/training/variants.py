@@ -15,12 +15,12 @@ import time
 import keras
 
 from keras_transformer import evaluation, run_files
+from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.inference import Translator
 from keras_transformer.model import Transformer
 from keras_transformer.training import scoring
+from keras_transformer.training.compile import compile_model
 from keras_transformer.training.fit import TimeBudget, fit_steps, optimizer_step
-from keras_transformer.training.pipeline import make_dataset
-from keras_transformer.training.run import compile_model
 
 # (key of a row, column title) of Table 3's layout.
 COLUMNS = [("variant", "variant"), ("group", "Table 3"), ("N", "N"), ("d_model", "d_model"),

@@ -7,10 +7,10 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import run_files
+from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.export.saved_model import export_model, export_saved_model
 from keras_transformer.inference import Translator
 from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.data import synthetic_translation
 
 # Few compiled shapes keep the tests' XLA compilations few: 5 sentences run
 # as two chunks of 4.

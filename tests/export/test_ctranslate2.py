@@ -15,6 +15,8 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import cli, run_files
+from keras_transformer.data.corpora import synthetic_translation
+from keras_transformer.data.pipeline import encode_pairs
 from keras_transformer.export.ctranslate2 import (
     convert_model,
     export_ctranslate2,
@@ -23,8 +25,6 @@ from keras_transformer.export.ctranslate2 import (
 from keras_transformer.inference import Translator
 from keras_transformer.inference.limits import LENGTH_OFFSET
 from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.data import synthetic_translation
-from keras_transformer.training.pipeline import encode_pairs
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 

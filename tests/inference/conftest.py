@@ -7,7 +7,7 @@ import keras
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.training.toy_tasks import ToyVocabulary, reverse_task
+from keras_transformer.data.toy_tasks import ToyVocabulary, reverse_task
 
 
 class _OneTorchThread:

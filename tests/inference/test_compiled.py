@@ -9,8 +9,8 @@ import pytest
 from helpers import tiny_model
 
 from keras_transformer import backend
+from keras_transformer.data.toy_tasks import ToyVocabulary
 from keras_transformer.inference import compiled
-from keras_transformer.training.toy_tasks import ToyVocabulary
 
 VOCABULARY = ToyVocabulary(20)
 BOS, EOS = VOCABULARY.bos_id, VOCABULARY.eos_id

@@ -11,9 +11,9 @@ import pytest
 from helpers import REPOSITORY, tiny_model
 from keras import ops
 
+from keras_transformer.data.toy_tasks import ToyVocabulary
 from keras_transformer.inference import beam_search, greedy_search, length_penalty
 from keras_transformer.inference.beam import beam_loop
-from keras_transformer.training.toy_tasks import ToyVocabulary
 
 BACKENDS = ("tensorflow", "jax", "torch")
 # The special ids of every test here, read from a tokenizer-like vocabulary.

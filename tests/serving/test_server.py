@@ -169,9 +169,9 @@ def model(tmp_path_factory):
     translations differ from sentence to sentence, exported greedy as
     `saved_models/tiny/1` with one compiled shape."""
     import keras_transformer as kt
+    from keras_transformer.data.corpora import synthetic_translation
     from keras_transformer.export.saved_model import export_model
     from keras_transformer.tokenizers import SubwordTokenizer
-    from keras_transformer.training.data import synthetic_translation
 
     keras.utils.set_random_seed(0)
     corpus = synthetic_translation(300, seed=0)

@@ -11,6 +11,7 @@ import pytest
 
 import keras_transformer as kt
 from keras_transformer import run_files
+from keras_transformer.data.toy_tasks import reverse_task
 from keras_transformer.training.fit import (
     NonFiniteLossError,
     TimeBudget,
@@ -20,7 +21,6 @@ from keras_transformer.training.fit import (
     stall_seconds,
     weights_are_finite,
 )
-from keras_transformer.training.toy_tasks import reverse_task
 from tests.helpers import tiny_model
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from keras_transformer import TransformerConfig, run_files
-from keras_transformer.training.data import ParallelCorpus, synthetic_translation
+from keras_transformer.data.corpora import ParallelCorpus, synthetic_translation
 from keras_transformer.training.run import PHASES, RunOptions, cooldown_steps, run
 
 # One window of two steps is enough to leave checkpoints, a backup and models; greedy

@@ -9,10 +9,10 @@ import pytest
 from helpers import CharTokenizer, tiny_model
 
 from keras_transformer import run_files
+from keras_transformer.data.corpora import ParallelCorpus
+from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.inference import Hypothesis, Translation
 from keras_transformer.training import scoring
-from keras_transformer.training.data import ParallelCorpus
-from keras_transformer.training.pipeline import make_dataset
 
 
 class LookupTranslator:

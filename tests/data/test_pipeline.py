@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.data import synthetic_translation
-from keras_transformer.training.pipeline import (
+from keras_transformer.data.corpora import synthetic_translation
+from keras_transformer.data.pipeline import (
     _pair_order,
     bucket_plan,
     encode_pairs,
     make_dataset,
 )
+from keras_transformer.tokenizers import SubwordTokenizer
 
 
 @pytest.fixture(scope="module")

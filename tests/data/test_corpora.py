@@ -5,7 +5,7 @@ import gzip
 import pytest
 from helpers import shared_data
 
-from keras_transformer.training.data import (
+from keras_transformer.data.corpora import (
     ParallelCorpus,
     load_multi30k,
     load_tatoeba,

@@ -11,8 +11,8 @@ import zipfile
 import pytest
 from helpers import data_mirror, loopback_http, shared_data
 
-from keras_transformer.training import downloads
-from keras_transformer.training.data import load_multi30k, load_tatoeba
+from keras_transformer.data import downloads
+from keras_transformer.data.corpora import load_multi30k, load_tatoeba
 
 FILES = {"a.txt": b"ein Hund\n", "b.txt": b"a dog\n"}
 

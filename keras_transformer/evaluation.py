@@ -166,11 +166,7 @@ def evaluate(
     Returns:
         An `EvaluationResult`; `print(result.summary())` shows it.
 
-    Example:
-
-    >>> result = evaluate(translator, test_sources, test_references,
-    ...                   hypotheses_path="runs/multi30k/test.hyp")
-    >>> print(result.summary())
+    docs/translation.md ("Evaluating") runs it on a translator of its own.
     """
     _check_parallel(sources, references, "sources")
     start = time.perf_counter()

@@ -49,7 +49,7 @@ class Transformer(id_checks.IdCheckedModel, keras.Model):
     >>> model = Transformer(config)
     >>> logits = model({"source": keras.ops.ones((2, 7), "int32"),
     ...                 "target": keras.ops.ones((2, 5), "int32")})
-    >>> logits.shape
+    >>> tuple(logits.shape)
     (2, 5, 20)
 
     References:

@@ -58,10 +58,13 @@ class SubwordTokenizer:
 
     Example:
 
-    >>> tokenizer = SubwordTokenizer.train(["a man rides a bike", ...], vocab_size=500)
-    >>> ids = tokenizer.tokenize(["a man rides"])       # [[...]] without begin/end
+    >>> texts = ["a man rides a bike", "a woman rides a horse", "two men ride bikes"] * 20
+    >>> tokenizer = SubwordTokenizer.train(texts, vocab_size=40)
+    >>> ids = tokenizer.tokenize(["a man rides"])       # ids without begin or end
     >>> tokenizer.detokenize(ids)
     ['a man rides']
+    >>> tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id
+    (0, 1, 2, 3)
     """
 
     # The order of the pieces every vocabulary starts with (<pad> <unk> <s> </s>,

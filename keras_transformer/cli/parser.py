@@ -88,7 +88,7 @@ def _subcommand(subparsers, name, **kwargs):
 
 def build_parser():
     """The `keras-transformer` parser; each subcommand's `run` is its function in
-    `commands`."""
+    `commands` (`translate.run` for translate)."""
     parser = _Parser(
         prog="keras-transformer",
         description="Translate, evaluate, plot and average with keras-transformer models. "
@@ -101,7 +101,13 @@ def build_parser():
     options.add(native_logs, "native_logs", default=argparse.SUPPRESS)
     subcommands = parser.add_subparsers(dest="command", required=True)
     command = functools.partial(_subcommand, subcommands, parents=[native_logs])
+    for add_command in (_add_translate, _add_evaluate, _add_plot, _add_average, _add_export,
+                        _add_serve):
+        add_command(command, native_logs)
+    return parser
 
+
+def _add_translate(command, native_logs):
     translate = command(
         "translate", help="translate sentences (or stdin lines)",
         description=_TRANSLATE_DESCRIPTION, epilog=_TRANSLATE_EPILOG,
@@ -132,6 +138,8 @@ def build_parser():
     options.add_max_source_length(translate, _TRANSLATOR_LIMIT)
     translate.set_defaults(run=translate_command.run)
 
+
+def _add_evaluate(command, native_logs):
     evaluate = command("evaluate", help="translate a test set and report BLEU")
     evaluate.add_argument("model", help=".keras file or run directory")
     evaluate.add_argument("--source", required=True, help="source sentences, one per line (.gz ok)")
@@ -144,6 +152,8 @@ def build_parser():
     options.add_max_source_length(evaluate, _TRANSLATOR_LIMIT)
     evaluate.set_defaults(run=commands.evaluate)
 
+
+def _add_plot(command, native_logs):
     plot = command("plot", help="draw a figure as a PNG file")
     figures = plot.add_subparsers(dest="figure", required=True)
     figure = functools.partial(_subcommand, figures, parents=[native_logs])
@@ -173,6 +183,8 @@ def build_parser():
     curve.add_argument("--output", default="plots/validation.png", help="PNG file")
     plot.set_defaults(run=commands.plot)
 
+
+def _add_average(command, native_logs):
     average = command("average", help="average checkpoints into one model (§6.1)")
     average.add_argument("checkpoints", nargs="*", help=".keras files to average")
     average.add_argument("--run-dir", help="average this run's newest checkpoints")
@@ -185,10 +197,10 @@ def build_parser():
                          help="replace the output if it exists (refused otherwise)")
     average.set_defaults(run=commands.average)
 
-    from keras_transformer.export.ctranslate2 import QUANTIZATIONS
-    from keras_transformer.serving import BatchingParameters, ServerOptions
 
-    defaults, batching = ServerOptions(), BatchingParameters()
+def _add_export(command, native_logs):
+    from keras_transformer.export.ctranslate2 import QUANTIZATIONS
+
     export = command(
         "export", help="write a TensorFlow SavedModel (strings in, translations out) to "
                        "EXPORT_BASE/VERSION/, or a CTranslate2 model directory")
@@ -223,6 +235,11 @@ def build_parser():
     export.add_argument("--quiet", action="store_true", help="print nothing on success")
     export.set_defaults(run=commands.export)
 
+
+def _add_serve(command, native_logs):
+    from keras_transformer.serving import ServerOptions
+
+    defaults = ServerOptions()
     serve = command(
         "serve", help="serve a SavedModel over HTTP with TensorFlow Serving's REST API")
     serve.add_argument("saved_model", help="saved_models/NAME (its highest version is served, "
@@ -251,6 +268,15 @@ def build_parser():
         name = flag[2:].replace("-", "_")
         limits.add_argument(flag, type=kind, default=getattr(defaults, name),
                             help=f"{help_text} (default: %(default)s)")
+    _add_batching(serve)
+    serve.set_defaults(run=commands.serve)
+
+
+def _add_batching(serve):
+    """TensorFlow Serving's batching parameters, as `serve`'s options."""
+    from keras_transformer.serving import BatchingParameters
+
+    batching = BatchingParameters()
     group = serve.add_argument_group("batching (TensorFlow Serving's batching parameters)")
     group.add_argument("--enable-batching", dest="enabled", action=argparse.BooleanOptionalAction,
                        default=batching.enabled, help="merge concurrent requests into one call")
@@ -264,8 +290,6 @@ def build_parser():
         kind = int if name == "batch_timeout_micros" else positive_int
         group.add_argument(flag, type=kind, default=getattr(batching, name),
                            help=f"{help_text} (default: %(default)s)")
-    serve.set_defaults(run=commands.serve)
-    return parser
 
 
 def parse_args(argv=None):

@@ -13,8 +13,9 @@ mirror holds each file at its upstream URL's path, for example
 `$MIRROR/download.tensorflow.org/data/spa-eng.zip`. Any URL that `urllib`
 opens works as the mirror (`http://127.0.0.1:8000`, `file:///srv/mirror`).
 
-    >>> data_dir = fetch_multi30k()            # six .gz files, verified
-    >>> spa_txt = fetch_anki_spa_eng()         # spa-eng/spa.txt, verified
+`fetch_multi30k()` returns the folder of Multi30k's six verified `.gz` files and
+`fetch_anki_spa_eng()` the path of the verified `spa-eng/spa.txt`; the tests run
+both against a mirror on 127.0.0.1 (`tests/data/test_downloads.py`).
 """
 
 import dataclasses

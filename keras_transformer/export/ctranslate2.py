@@ -97,10 +97,7 @@ def export_ctranslate2(model, output_dir, quantization=None, verbose=True):
     Returns:
         `output_dir`.
 
-    Example:
-
-    >>> export_ctranslate2("runs/quickstart", "ct2_models/quickstart", quantization="int8")
-    'ct2_models/quickstart'
+    docs/serving.md ("CTranslate2") runs it on a model of its own.
     """
     model_path = run_files.resolve_model_path(model)
     _check_quantization(quantization)

@@ -118,16 +118,23 @@ class Translator:
             (1024) for sinusoidal ones, which extend past the training length
             (§3.5). See `keras_transformer.inference.limits.source_limit`.
 
-    Example:
+    Example, with an untrained model (its translations are noise):
 
+    >>> import keras_transformer as kt
+    >>> from keras_transformer.data.corpora import synthetic_translation
+    >>> from keras_transformer.tokenizers import SubwordTokenizer
+    >>> pairs = synthetic_translation(200)
+    >>> tokenizer = SubwordTokenizer.train(pairs.sources + pairs.targets, vocab_size=120)
+    >>> model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size))
     >>> translator = Translator(model, tokenizer)
-    >>> [result] = translator.translate(["Ein Mann fährt Fahrrad."])
-    >>> result.text, round(result.score, 2)
-    ('A man rides a bike.', -0.35)
-    >>> [(h.text, round(h.score, 2)) for h in
-    ...  translator.translate(["Ein Hund."], num_return=2)[0].hypotheses]  # the 2 best
-    [('A dog.', -0.21), ('One dog.', -0.93)]
-    >>> translator.translate(["Ein Hund."], sampling=Sampling(top_p=0.9, seed=1))[0].text
+    >>> [result] = translator.translate(["kave tomi tozu"], max_output_length=6)
+    >>> isinstance(result.text, str), len(result.ids) <= 6, result.truncated
+    (True, True, False)
+    >>> [len(t.hypotheses) for t in translator.translate(["kave tomi", ""], num_return=2,
+    ...                                                  max_output_length=6)]  # n-best
+    [2, 2]
+    >>> translator.translate([""])[0].text, translator.translate([""])[0].score
+    ('', 0.0)
     """
 
     def __init__(self, model, tokenizer, target_tokenizer=None, max_source_length=None):

@@ -99,7 +99,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     >>> attention = MultiHeadAttention(num_heads=2, key_dim=4)
     >>> x = keras.random.normal((3, 5, 8))
-    >>> attention(x, use_causal_mask=True).shape
+    >>> tuple(attention(x, use_causal_mask=True).shape)
     (3, 5, 8)
     """
 

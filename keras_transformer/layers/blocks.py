@@ -133,9 +133,9 @@ class EncoderBlock(_Block):
 
     >>> import keras
     >>> block = EncoderBlock(num_heads=2, d_ff=16)
-    >>> block(keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(block(keras.ops.ones((2, 5, 8))).shape)
     (2, 5, 8)
-    >>> block.attention_weights(keras.ops.ones((2, 5, 8))).shape  # (batch, h, S, S)
+    >>> tuple(block.attention_weights(keras.ops.ones((2, 5, 8))).shape)  # (batch, h, S, S)
     (2, 2, 5, 5)
     """
 
@@ -219,13 +219,13 @@ class DecoderBlock(_Block):
 
     >>> import keras
     >>> block = DecoderBlock(num_heads=2, d_ff=16)
-    >>> block(keras.ops.ones((2, 3, 8)), keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(block(keras.ops.ones((2, 3, 8)), keras.ops.ones((2, 5, 8))).shape)
     (2, 3, 8)
     >>> cache = block.initial_cache(keras.ops.ones((2, 5, 8)), length=3)
     >>> outputs, self_cache = block(keras.ops.ones((2, 1, 8)), None,
     ...                             self_attention_cache=cache["self"], cache_update_index=0,
     ...                             cross_attention_cache=cache["cross"])
-    >>> outputs.shape, self_cache[0].shape  # one position decoded; keys of all 3
+    >>> tuple(outputs.shape), tuple(self_cache[0].shape)  # one position; keys of all 3
     ((2, 1, 8), (2, 3, 8))
     """
 

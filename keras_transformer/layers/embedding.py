@@ -51,7 +51,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     >>> embedding = TokenEmbedding(vocab_size=10, d_model=4)
     >>> vectors = embedding(keras.ops.array([[1, 2, 0]]))
-    >>> embedding(vectors, reverse=True).shape
+    >>> tuple(embedding(vectors, reverse=True).shape)
     (1, 3, 10)
     """
 
@@ -187,7 +187,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     Example:
 
     >>> encoding = SinusoidalPositionEncoding()
-    >>> encoding(keras.ops.zeros((2, 5, 8))).shape
+    >>> tuple(encoding(keras.ops.zeros((2, 5, 8))).shape)
     (2, 5, 8)
     """
 

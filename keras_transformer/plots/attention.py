@@ -45,9 +45,11 @@ def attention_weights(model, source_ids, output_ids, bos_id):
 
     Example:
 
+    >>> import keras_transformer as kt
+    >>> model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=20))  # N=2, h=4
     >>> weights = attention_weights(model, [5, 6, 7, 3], [8, 9, 3], bos_id=2)
-    >>> weights["cross"].shape
-    (6, 8, 3, 4)
+    >>> weights["encoder"].shape, weights["cross"].shape
+    ((2, 4, 4, 4), (2, 4, 3, 4))
     """
     source_ids = _as_ids(source_ids, "source_ids")
     output_ids = _as_ids(output_ids, "output_ids")
@@ -101,7 +103,12 @@ def plot_attention(
 
     Example:
 
-    >>> ids, _ = beam_search(model, source[None], bos_id=2, eos_id=3)
+    >>> import numpy as np
+    >>> import keras_transformer as kt
+    >>> from keras_transformer.inference import beam_search
+    >>> model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=20))
+    >>> source = np.array([5, 6, 7, 3])
+    >>> ids, _ = beam_search(model, source[None], bos_id=2, eos_id=3, max_output_length=5)
     >>> plot_attention(model, source, ids[0][ids[0] != 0], "cross.png", bos_id=2)
     'cross.png'
     """
@@ -140,11 +147,7 @@ def plot_translation_attention(translator, sentence, directory, beam_size=4, alp
         A dict from "encoder", "decoder", "cross" to the written paths (only
         "encoder" when the translation is empty).
 
-    Example:
-
-    >>> paths = plot_translation_attention(translator, "Ein Hund rennt.", "plots")
-    >>> paths["cross"]
-    'plots/attention_cross.png'
+    docs/translation.md ("Attention plots") draws a translator's sentence.
     """
     if not isinstance(sentence, str):
         raise TypeError(f"sentence must be a str, got {type(sentence).__name__}.")

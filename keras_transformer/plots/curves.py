@@ -135,10 +135,7 @@ def plot_training_log(path, runs, steps_per_window=None):
     Returns:
         `path`.
 
-    Example:
-
-    >>> plot_training_log("curves.png", {"de-en": "runs/multi30k-de-en"}, steps_per_window=200)
-    'curves.png'
+    docs/training.md ("Plots of a run") draws the log of a run of its own.
     """
     import csv
 
@@ -189,10 +186,8 @@ def plot_validation_curve(path, runs):
     Returns:
         `path`.
 
-    Example:
-
-    >>> plot_validation_curve("val.png", {"de-en": "runs/multi30k-de-en"})
-    'val.png'
+    `python -m recipes.NAME --validation-curve` writes the curve of a run
+    (docs/results.md shows the Multi30k runs' curves).
     """
     import csv
 

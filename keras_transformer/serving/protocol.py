@@ -41,68 +41,80 @@ def protocol_class(header_timeout):
         A subclass of `uvicorn.protocols.http.h11_impl.H11Protocol`, for
         `uvicorn.Config(http=...)`.
     """
-    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class Protocol(H11Protocol):
-        _header_timer = None
+    return type("Protocol", (_Hardened, H11Protocol), {"header_timeout": header_timeout})
 
-        def connection_made(self, transport):
-            super().connection_made(transport)
-            self._arm_header_timer()
-            next_event = self.conn.next_event
 
-            def checked_next_event():
-                # h11 limits headers only while they arrive in pieces; one
-                # read can bring a complete block of any size.
-                event = next_event()
-                if isinstance(event, h11.Request) and len(event.target) + sum(
-                        len(name) + len(value) for name, value in event.headers
-                ) > MAX_HEADER_BYTES:
-                    raise h11.RemoteProtocolError(
-                        f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
-                return event
+class _Hardened:
+    """What `protocol_class` adds to uvicorn's h11 protocol (its subclass's
+    `header_timeout` gives the timeout)."""
 
-            self.conn.next_event = checked_next_event
+    header_timeout = None
+    _header_timer = None
 
-        def data_received(self, data):
-            super().data_received(data)
-            if self.transport.is_closing():
-                return
-            if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
-                self._arm_header_timer()  # a request has begun; its headers are due
-            else:
-                self._disarm_header_timer()
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm_header_timer()
+        self.conn.next_event = _bounded(self.conn.next_event)
 
-        def connection_lost(self, exc):
+    def data_received(self, data):
+        import h11
+
+        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
+            self._arm_header_timer()  # a request has begun; its headers are due
+        else:
             self._disarm_header_timer()
-            super().connection_lost(exc)
 
-        def send_400_response(self, msg):
-            # Malformed HTTP: answered in JSON like every other mistake.
-            self._disarm_header_timer()
-            self.transport.write(json_error_bytes(400, f"Malformed HTTP request: {msg}"))
-            self.transport.close()
+    def connection_lost(self, exc):
+        self._disarm_header_timer()
+        super().connection_lost(exc)
 
-        def _arm_header_timer(self):
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout, self._headers_late)
+    def send_400_response(self, msg):
+        # Malformed HTTP: answered in JSON like every other mistake.
+        self._disarm_header_timer()
+        self.transport.write(json_error_bytes(400, f"Malformed HTTP request: {msg}"))
+        self.transport.close()
 
-        def _disarm_header_timer(self):
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+    def _arm_header_timer(self):
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
 
-        def _headers_late(self):
+    def _disarm_header_timer(self):
+        if self._header_timer is not None:
+            self._header_timer.cancel()
             self._header_timer = None
-            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-                return
-            if self.conn.our_state is h11.IDLE and not self.conn.trailing_data[0]:
-                self.transport.close()  # connected, never sent anything: just close
-                return
-            if self.conn.our_state is h11.IDLE:
-                self.transport.write(json_error_bytes(
-                    408, f"The request headers did not arrive within {header_timeout:g} s."))
-            self.transport.close()
 
-    return Protocol
+    def _headers_late(self):
+        import h11
+
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.our_state is h11.IDLE and not self.conn.trailing_data[0]:
+            self.transport.close()  # connected, never sent anything: just close
+            return
+        if self.conn.our_state is h11.IDLE:
+            self.transport.write(json_error_bytes(
+                408, f"The request headers did not arrive within {self.header_timeout:g} s."))
+        self.transport.close()
+
+
+def _bounded(next_event):
+    """h11's `next_event`, refusing a request whose request line and headers
+    exceed `MAX_HEADER_BYTES`: h11 limits headers only while they arrive in
+    pieces, and one read can bring a complete block of any size."""
+    import h11
+
+    def checked_next_event():
+        event = next_event()
+        if isinstance(event, h11.Request) and len(event.target) + sum(
+                len(name) + len(value) for name, value in event.headers) > MAX_HEADER_BYTES:
+            raise h11.RemoteProtocolError(
+                f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+        return event
+
+    return checked_next_event

@@ -58,13 +58,11 @@ class TranslationServer:
         options: `ServerOptions`.
         log: `log(message)` for the server's events.
 
-    Example:
-
-    >>> server = TranslationServer("saved_models/quickstart", ServerOptions(port=0))
-    >>> server.start()           # binds, then loads and warms up in the background
-    >>> server.wait_until_available()
-    >>> server.url               # 'http://127.0.0.1:PORT/v1/models/quickstart'
-    >>> server.shutdown()
+    `TranslationServer("saved_models/NAME", ServerOptions(port=0)).start()`
+    binds a free port and loads and warms up the latest version in the
+    background; `wait_until_available()` blocks until it is AVAILABLE, `url`
+    is the model's URL, and `shutdown()` stops the server after the requests
+    in flight (docs/serving.md, "The built-in server").
     """
 
     def __init__(self, base_path, options=ServerOptions(), log=None):

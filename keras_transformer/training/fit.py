@@ -149,6 +149,16 @@ class StepCheckpoint(keras.callbacks.Callback):
                 os.remove(old)
 
 
+def backup_step(run_dir):
+    """The optimizer step of the run's last backup (`RunBackup`), or None when it
+    has none (a backup in Keras's own layout gives 0: it records no step)."""
+    backup = run_files.path(run_dir, run_files.BACKUP)
+    state = run_files.read_json(os.path.join(backup, RunBackup.STATE))
+    if state is not None:
+        return int(state.get("step", 0))
+    return 0 if os.path.exists(os.path.join(backup, "training_metadata.json")) else None
+
+
 class RunBackup(keras.callbacks.BackupAndRestore):
     """`keras.callbacks.BackupAndRestore` that survives a kill at any moment.
 

@@ -51,7 +51,12 @@ from keras_transformer.model import Transformer
 from keras_transformer.training import distribution, scoring
 from keras_transformer.training.averaging import average_checkpoints
 from keras_transformer.training.compile import compile_model
-from keras_transformer.training.fit import fit_steps, list_checkpoints, optimizer_step
+from keras_transformer.training.fit import (
+    backup_step,
+    fit_steps,
+    list_checkpoints,
+    optimizer_step,
+)
 from keras_transformer.training.run_options import RunOptions, cooldown_steps
 from keras_transformer.training.vocabulary import shared_tokenizers
 
@@ -78,8 +83,6 @@ class _Record:
         self.path, self.results, self.write = path, results, write
         self.phases = results.setdefault("phases", [])
         self.done_before = list(self.phases)
-        if self.phases:
-            print(f"Resuming a run whose phases {', '.join(self.phases)} are done")
 
     def __contains__(self, phase):
         return phase in self.phases
@@ -130,33 +133,70 @@ def run(splits, config, options):
     if unknown or "train" not in splits:
         raise ValueError(f"splits maps {', '.join(SPLITS)} to ParallelCorpus objects "
                          f"(train required), got {sorted(splits)}.")
-    if options.evaluate_only and distribution.cluster_from_environment() is not None:
-        raise ValueError("evaluate_only scores on one process: run it without "
-                         "KERAS_DISTRIBUTION_* or TF_CONFIG in the environment.")
-    # First: a cluster's engine starts before any computation.
-    distributed = (distribution.Distributed("none", "one device") if options.evaluate_only
-                   else distribution.setup(options.distribute, options.model_parallel,
-                                           peer_timeout=options.peer_timeout))
-    keras.utils.set_random_seed(options.seed)  # the same initial weights in every process
-    keras.config.set_dtype_policy(options.precision)
-    print(f"Run {options.name}: backend {keras.backend.backend()}, precision "
-          f"{options.precision}, run directory {options.run_dir}")
-    if distributed.is_chief:
-        os.makedirs(options.run_dir, exist_ok=True)
-        # A resumed run (or the same command again) reads its compiled steps back.
-        backend.use_compilation_cache(run_files.path(options.run_dir,
-                                                     run_files.COMPILATION_CACHE))
+    distributed = _start(options)
     train, validation, test = (splits.get(name) or ParallelCorpus([], []) for name in SPLITS)
     print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
           f"{len(test.sources)} test")
     if options.evaluate_only:
         return _evaluate_again(options, test)
-
     if distributed.kind != "none":
         print(f"Devices: {distributed.description}")
-    source_tokenizer, target_tokenizer = shared_tokenizers(
+    tokenizer_pair = shared_tokenizers(
         distributed, options.run_dir, train, options.vocab_size, options.tokenizer,
         options.separate_vocabularies)
+    config = _sized_config(config, options, tokenizer_pair)
+    train_dataset, validation_dataset, total_steps = _datasets(
+        options, config, tokenizer_pair, distributed, train, validation)
+    record = _Record(run_files.path(options.run_dir, run_files.RESULTS), total_steps,
+                     write=distributed.is_chief)
+    _say_where_it_resumes(record, options, total_steps)
+    if distributed.is_chief:
+        for directory in (options.run_dir,
+                          run_files.path(options.run_dir, run_files.CHECKPOINTS)):
+            run_files.remove_partials(directory)  # saves that a kill cut short
+    with distributed.lost_peers():
+        model = _train(record, config, options, total_steps, distributed, train_dataset,
+                       validation_dataset)
+    if distributed.cluster is None:
+        return _after_training(record, options, model, tokenizer_pair, validation, test)
+    distributed.after_training()
+    if not distributed.is_chief:
+        distributed.finish()
+        print("Training done: the chief (process 0) saves, averages and scores the model.")
+        return record.results
+    # The chief goes on alone, with the model on its own devices.
+    try:
+        model = run_files.load_model(run_files.path(options.run_dir, run_files.MODEL))
+        return _after_training(record, options, model, tokenizer_pair, validation, test)
+    finally:
+        distributed.finish()
+
+
+def _start(options):
+    """A cluster's engine first (it starts before any computation), then the seed
+    (the same initial weights in every process), the dtype policy and, on the
+    chief, the run directory and JAX's compilation cache (a resumed run, or the
+    same command again, reads its compiled steps back)."""
+    if options.evaluate_only and distribution.cluster_from_environment() is not None:
+        raise ValueError("evaluate_only scores on one process: run it without "
+                         "KERAS_DISTRIBUTION_* or TF_CONFIG in the environment.")
+    distributed = (distribution.Distributed("none", "one device") if options.evaluate_only
+                   else distribution.setup(options.distribute, options.model_parallel,
+                                           peer_timeout=options.peer_timeout))
+    keras.utils.set_random_seed(options.seed)
+    keras.config.set_dtype_policy(options.precision)
+    print(f"Run {options.name}: backend {keras.backend.backend()}, precision "
+          f"{options.precision}, run directory {options.run_dir}")
+    if distributed.is_chief:
+        os.makedirs(options.run_dir, exist_ok=True)
+        backend.use_compilation_cache(run_files.path(options.run_dir,
+                                                     run_files.COMPILATION_CACHE))
+    return distributed
+
+
+def _sized_config(config, options, tokenizer_pair):
+    """The config with the learned vocabularies' sizes, checked against the options."""
+    source_tokenizer, target_tokenizer = tokenizer_pair
     sizes = {"vocab_size": source_tokenizer.vocab_size, "target_vocab_size": None}
     if options.separate_vocabularies:
         sizes.update(target_vocab_size=target_tokenizer.vocab_size, share_embeddings=False)
@@ -166,8 +206,14 @@ def run(splits, config, options):
         raise ValueError(
             f"The model's max_length={config.max_length} is below max_sentence_length="
             f"{options.max_sentence_length}: raise max_length or lower max_sentence_length.")
-    # Every id is checked against the model's vocabulary, split by split.
-    dataset_args = dict(source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer,
+    return config
+
+
+def _datasets(options, config, tokenizer_pair, distributed, train, validation):
+    """`(train_dataset, validation_dataset or None, total_steps)`: the batches of
+    §5.1 (every id checked against the model's vocabulary, split by split) and
+    the run's length in steps (`epochs` counted in passes over the data)."""
+    dataset_args = dict(source_tokenizer=tokenizer_pair[0], target_tokenizer=tokenizer_pair[1],
                         max_sentence_length=options.max_sentence_length,
                         tokens_per_batch=options.tokens_per_batch,
                         bucket_width=options.bucket_width,
@@ -187,31 +233,20 @@ def run(splits, config, options):
         batches = train_stats.batches_per_pass
         total_steps = max(1, int(round(options.epochs * batches)))
         print(f"Steps: {options.epochs} epochs x {batches} batches = {total_steps} steps")
+    return train_dataset, validation_dataset, total_steps
 
-    record = _Record(run_files.path(options.run_dir, run_files.RESULTS), total_steps,
-                     write=distributed.is_chief)
-    if distributed.is_chief:
-        for directory in (options.run_dir,
-                          run_files.path(options.run_dir, run_files.CHECKPOINTS)):
-            run_files.remove_partials(directory)  # saves that a kill cut short
-    with distributed.lost_peers():
-        model = _train(record, config, options, total_steps, distributed, train_dataset,
-                       validation_dataset)
-    model_path = run_files.path(options.run_dir, run_files.MODEL)
-    if distributed.cluster is None:
-        return _after_training(record, options, model, (source_tokenizer, target_tokenizer),
-                               validation, test)
-    distributed.after_training()
-    if not distributed.is_chief:
-        distributed.finish()
-        print("Training done: the chief (process 0) saves, averages and scores the model.")
-        return record.results
-    # The chief goes on alone, with the model on its own devices.
-    try:
-        return _after_training(record, options, run_files.load_model(model_path),
-                               (source_tokenizer, target_tokenizer), validation, test)
-    finally:
-        distributed.finish()
+
+def _say_where_it_resumes(record, options, total_steps):
+    """One line when the run directory holds an earlier start of this run: the
+    phases done, or the step training resumes from (its last backup)."""
+    if record.phases:
+        print(f"Resuming {options.run_dir}: trained {record.results.get('steps')} steps; "
+              f"the phases {', '.join(record.phases)} are done")
+        return
+    step = backup_step(options.run_dir)
+    if step is not None:
+        print(f"Resuming {options.run_dir}: training from step {step} of {total_steps} "
+              "(its last backup)")
 
 
 def _after_training(record, options, model, tokenizer_pair, validation, test):

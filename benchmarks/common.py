@@ -20,6 +20,7 @@ the optimizer update are not counted. The same count is used for every
 implementation, so GFLOP/s compares model work per second, not kernels.
 """
 
+import argparse
 import json
 import math
 import os
@@ -54,6 +55,14 @@ SIZES = {
 # The special ids of the benchmarks' random data: those of the project's tokenizers.
 VOCABULARY = ToyVocabulary(SIZES["quick"]["vocab_size"])
 PAD_ID, BOS_ID, EOS_ID = VOCABULARY.pad_id, VOCABULARY.bos_id, VOCABULARY.eos_id
+
+
+def argument_parser(doc):
+    """The command-line parser of a benchmark script: the first paragraph of its
+    docstring `doc` is the description, the last (its example commands) the epilog."""
+    paragraphs = doc.split("\n\n")
+    return argparse.ArgumentParser(description=paragraphs[0], epilog=paragraphs[-1],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def transformer_config(size, dropout_rate=0.1, **overrides):

@@ -42,7 +42,6 @@ exported SavedModel's `translate_ids` signature, the path TF Serving users run
         --lengths 32,64 --no-uncached
 """
 
-import argparse
 import os
 import sys
 import tempfile
@@ -154,10 +153,9 @@ def self_timed(elapsed, result):
     return elapsed, result
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    """The options (tiny sizes with --quick) and the lengths to decode, sorted."""
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--config", choices=tuple(common.SIZES), default="default",
                         help="model size (default: d_model 256, 4 heads, d_ff 1024, N=3)")
     parser.add_argument("--lengths", default="32,64,128,256", help="new tokens per sentence")
@@ -187,13 +185,17 @@ def main(argv=None):
     if min(lengths) < 1 or min(args.batch_size, args.source_length, args.beam_size,
                                args.repeats, args.uncached_repeats, args.bucket) < 1:
         parser.error("lengths, sizes, repeats and --bucket must be positive")
+    return args, lengths
 
+
+def forced_length_model(size, lengths):
+    """A `Transformer` of the named size with random weights whose end-of-sentence
+    id never wins, so that every search produces as many tokens as it is asked."""
     import keras
 
     from keras_transformer import Transformer
-    from keras_transformer.inference import beam_search, greedy_search
 
-    config = common.transformer_config(args.config, dropout_rate=0.0,
+    config = common.transformer_config(size, dropout_rate=0.0,
                                        max_length=max(512, max(lengths) + 1))
     model = Transformer(config)
     bias = model.target_embedding.output_bias
@@ -203,33 +205,180 @@ def main(argv=None):
     values = np.array(keras.ops.convert_to_numpy(bias))
     values[common.EOS_ID] = -1e9  # EOS is never the best token: the length is forced
     bias.assign(values)
-    source = common.random_batch(args.batch_size, args.source_length, 2,
-                                 config.vocab_size)[0]
-    uncached = UncachedSearch(model, args.bucket)
-    k = args.beam_size
+    return model
+
+
+def search_methods(model, source, uncached, beam_size, with_uncached):
+    """{method: run(n) -> ids of n tokens} of the cached greedy and beam search
+    and, `with_uncached`, of the uncached ones."""
+    from keras_transformer.inference import beam_search, greedy_search
+
     methods = {
         "greedy_cached": lambda n: greedy_search(model, source, common.BOS_ID, common.EOS_ID,
                                                  max_output_length=n)[0],
         "beam_cached": lambda n: beam_search(model, source, common.BOS_ID, common.EOS_ID,
-                                             beam_size=k, alpha=0.6, max_output_length=n)[0],
+                                             beam_size=beam_size, alpha=0.6,
+                                             max_output_length=n)[0],
     }
-    if not args.no_uncached:
+    if with_uncached:
         methods["greedy_uncached"] = lambda n: uncached.greedy(source, n)
-        methods["beam_uncached"] = lambda n: uncached.beam(source, n, k)
+        methods["beam_uncached"] = lambda n: uncached.beam(source, n, beam_size)
+    return methods
+
+
+def add_ctranslate2(methods, model, source, directory, calibration_length, beam_size):
+    """Adds greedy and beam search by CTranslate2 fp32 and int8 on the model's
+    weights to `methods`, each in the threading setting that was fastest at
+    `calibration_length` tokens; returns the peer, whose workers are to be closed."""
+    peer = decoding_peers.CTranslate2Peer(model, source, directory, calibration_length,
+                                          beam_size)
+    for quantization, times in peer.calibration.items():
+        common.progress(f"CTranslate2 {quantization}: greedy + beam {beam_size} at "
+                        f"{calibration_length} tokens, "
+                        + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in times.items())
+                        + f": kept {peer.chosen[quantization]}")
+    for quantization in ("fp32", "int8"):
+        # These return (ids, seconds): the worker's own time.
+        methods[f"greedy_ct2_{quantization}"] = \
+            lambda n, q=quantization: peer.translate(q, n, 1)
+        methods[f"beam_ct2_{quantization}"] = \
+            lambda n, q=quantization: peer.translate(q, n, beam_size)
+    return peer
+
+
+def compilation_runs(methods, lengths, uncached, source, beam_size):
+    """Runs every (method, n) once, untimed, to compile it; returns the
+    seconds of each of these runs."""
+    first_s = {}
+    for method, run in methods.items():
+        for n in lengths:
+            if "uncached" in method:  # compile each prefix width, not one whole slow run
+                width_k = 1 if method.startswith("greedy") else beam_size
+                first_s[method, n], _ = common.timed(uncached.warm_up, source, n, width_k)
+            else:
+                first_s[method, n], _ = self_timed(*common.timed(run, n))  # compiles this shape
+            common.progress(f"  {method:<16} {n:>4} tokens: compilation run "
+                            f"{first_s[method, n]:.2f} s")
+    return first_s
+
+
+def timed_rounds(args, methods, lengths):
+    """The timed runs: rounds that each go round every (method, n) in turn,
+    `--repeats` of them for a cached search, `--uncached-repeats` for an
+    uncached one. Returns ({(method, n): seconds of each run},
+    {(method, n): ids of its last run})."""
+    times, outputs = {(method, n): [] for method in methods for n in lengths}, {}
+    rounds = max(args.repeats, args.uncached_repeats if not args.no_uncached else 0)
+    for repeat in range(rounds):
+        for n in lengths:
+            for method, run in methods.items():
+                repeats = args.uncached_repeats if "uncached" in method else args.repeats
+                if repeat < repeats:
+                    if "uncached" not in method:  # far slower: the caches matter little
+                        run(n)
+                    elapsed, outputs[method, n] = self_timed(*common.timed(run, n))
+                    times[method, n].append(elapsed)
+        common.progress(f"  timed round {repeat + 1} of {rounds}")
+    return times, outputs
+
+
+def median_seconds(methods, lengths, times, outputs, first_s, batch_size):
+    """{method: {str(n): median seconds per batch}}, printed with the rates;
+    exits if a method produced other than n tokens."""
+    seconds = {}
+    for method in methods:
+        seconds[method] = {}
+        for n in lengths:
+            if outputs[method, n].shape[1] != n:
+                sys.exit(f"error: {method} produced {outputs[method, n].shape[1]} tokens, "
+                         f"not {n}: the forced length did not hold.")
+            median = common.median(times[method, n])
+            seconds[method][str(n)] = median
+            common.progress(f"  {method:<16} {n:>4} tokens: {median:8.3f} s, "
+                            f"{median / n * 1e3:7.2f} ms/token, "
+                            f"{batch_size / median:8.1f} sentences/s "
+                            f"(compilation run {first_s[method, n]:.2f} s)")
+    return seconds
+
+
+def length_summary(seconds, lengths):
+    """Per search, the cached time of the longest length over that of the
+    shortest and, with the uncached search, uncached / cached time at 128
+    tokens (or the longest length)."""
+    first, last = str(lengths[0]), str(lengths[-1])
+    middle = "128" if 128 in lengths else last
+    summary = {}
+    for search in ("greedy", "beam"):
+        cached = seconds[f"{search}_cached"]
+        summary[search] = {"cached_ratio": cached[last] / cached[first],
+                           "cached_ratio_lengths": [int(last), int(first)]}
+        common.progress(f"  {search}: cached time({last}) / time({first}) = "
+                        f"{summary[search]['cached_ratio']:.2f}")
+        if f"{search}_uncached" in seconds:
+            speedup = seconds[f"{search}_uncached"][middle] / cached[middle]
+            summary[search].update(speedup=speedup, speedup_length=int(middle))
+            common.progress(f"  {search}: uncached / cached at {middle} tokens = {speedup:.2f}x")
+    return summary
+
+
+def matching(outputs, lengths, method):
+    """The smallest share, over the lengths, of the cached greedy search's
+    tokens that `method` produced too."""
+    return min(float(np.mean(outputs["greedy_cached", n] == outputs[method, n]))
+               for n in lengths)
+
+
+def ctranslate2_summary(seconds, outputs, lengths, peer, with_saved_model):
+    """Ours / CTranslate2 time per search, path of ours, quantization and
+    length; the share of our greedy tokens that CTranslate2 fp32 produced too;
+    and the peer's threading settings with their calibration times."""
+    ours = ("cached", "saved_model") if with_saved_model else ("cached",)
+    ratios = {
+        f"{search}_{path}_{quantization}".replace("_cached", ""): {
+            n: seconds[f"{search}_{path}"][n] / seconds[f"{search}_ct2_{quantization}"][n]
+            for n in seconds[f"{search}_{path}"]}
+        for path in ours for search in ("greedy", "beam") for quantization in ("fp32", "int8")}
+    for name, by_length in ratios.items():
+        common.progress(f"  ours / CTranslate2 {name}: " + ", ".join(
+            f"{n}: {ratio:.2f}" for n, ratio in by_length.items()))
+    same = matching(outputs, lengths, "greedy_ct2_fp32")
+    common.progress(f"  greedy: CTranslate2 fp32 tokens equal to ours: {same:.1%}")
+    return {"ours_over_ctranslate2": ratios, "greedy_ct2_fp32_matches_cached": same,
+            "ctranslate2_settings": dict(peer.chosen),
+            "ctranslate2_calibration_seconds": peer.calibration}
+
+
+def summarize(args, seconds, outputs, lengths, peer):
+    """The summary of the JSON line, printed: the ratios of `length_summary`,
+    the comparison with the peers, and the share of our greedy tokens that each
+    other path produced too."""
+    summary = length_summary(seconds, lengths)
+    if args.ctranslate2:
+        summary.update(ctranslate2_summary(seconds, outputs, lengths, peer, args.saved_model))
+    if args.saved_model:
+        same = summary["greedy_saved_model_matches_cached"] = matching(
+            outputs, lengths, "greedy_saved_model")
+        common.progress(f"  greedy: SavedModel tokens equal to ours: {same:.1%}")
+    if not args.no_uncached:
+        same = summary["greedy_uncached_matches_cached"] = matching(
+            outputs, lengths, "greedy_uncached")
+        common.progress(f"  greedy: uncached tokens equal to cached ones: {same:.1%} "
+                        "(below 100% only from float rounding between the two paths)")
+    return summary
+
+
+def main(argv=None):
+    args, lengths = parse_args(argv)
+    model = forced_length_model(args.config, lengths)
+    source = common.random_batch(args.batch_size, args.source_length, 2,
+                                 model.config.vocab_size)[0]
+    uncached = UncachedSearch(model, args.bucket)
+    k = args.beam_size
+    methods = search_methods(model, source, uncached, k, not args.no_uncached)
+    peer = None
     if args.ctranslate2:
         peers_dir = tempfile.TemporaryDirectory(prefix="decoding-ctranslate2-")
-        peer = decoding_peers.CTranslate2Peer(model, source, peers_dir.name, min(lengths), k)
-        for quantization, times in peer.calibration.items():
-            common.progress(f"CTranslate2 {quantization}: greedy + beam {k} at {min(lengths)} "
-                            "tokens, " + ", ".join(f"{name} {seconds:.3f} s"
-                                                   for name, seconds in times.items())
-                            + f": kept {peer.chosen[quantization]}")
-        for quantization in ("fp32", "int8"):
-            # These return (ids, seconds): the worker's own time.
-            methods[f"greedy_ct2_{quantization}"] = \
-                lambda n, q=quantization: peer.translate(q, n, 1)
-            methods[f"beam_ct2_{quantization}"] = \
-                lambda n, q=quantization: peer.translate(q, n, k)
+        peer = add_ctranslate2(methods, model, source, peers_dir.name, min(lengths), k)
     if args.saved_model:
         exports_dir = tempfile.TemporaryDirectory(prefix="decoding-saved-model-")
         for search, beam_size, alpha in (("greedy", 1, 0.0), ("beam", k, 0.6)):
@@ -246,81 +395,10 @@ def main(argv=None):
     # Each timed run follows an untimed one of the same method and length, so
     # that it finds its weights in the CPU's caches as a run of a method
     # timed alone would, not where the previous method left them.
-    seconds, outputs, times, first_s = {}, {}, {}, {}
-    for method, run in methods.items():
-        for n in lengths:
-            if "uncached" in method:  # compile each prefix width, not one whole slow run
-                width_k = 1 if method.startswith("greedy") else k
-                first_s[method, n], _ = common.timed(uncached.warm_up, source, n, width_k)
-            else:
-                first_s[method, n], _ = self_timed(*common.timed(run, n))  # compiles this shape
-            times[method, n] = []
-            common.progress(f"  {method:<16} {n:>4} tokens: compilation run "
-                            f"{first_s[method, n]:.2f} s")
-    rounds = max(args.repeats, args.uncached_repeats if not args.no_uncached else 0)
-    for repeat in range(rounds):
-        for n in lengths:
-            for method, run in methods.items():
-                repeats = args.uncached_repeats if "uncached" in method else args.repeats
-                if repeat < repeats:
-                    if "uncached" not in method:  # far slower: the caches matter little
-                        run(n)
-                    elapsed, outputs[method, n] = self_timed(*common.timed(run, n))
-                    times[method, n].append(elapsed)
-        common.progress(f"  timed round {repeat + 1} of {rounds}")
-    for method in methods:
-        seconds[method] = {}
-        for n in lengths:
-            if outputs[method, n].shape[1] != n:
-                sys.exit(f"error: {method} produced {outputs[method, n].shape[1]} tokens, "
-                         f"not {n}: the forced length did not hold.")
-            median = common.median(times[method, n])
-            seconds[method][str(n)] = median
-            common.progress(f"  {method:<16} {n:>4} tokens: {median:8.3f} s, "
-                            f"{median / n * 1e3:7.2f} ms/token, "
-                            f"{args.batch_size / median:8.1f} sentences/s "
-                            f"(compilation run {first_s[method, n]:.2f} s)")
-
-    first, last = str(lengths[0]), str(lengths[-1])
-    middle = "128" if 128 in lengths else last
-    summary = {}
-    for search in ("greedy", "beam"):
-        cached = seconds[f"{search}_cached"]
-        summary[search] = {"cached_ratio": cached[last] / cached[first],
-                           "cached_ratio_lengths": [int(last), int(first)]}
-        common.progress(f"  {search}: cached time({last}) / time({first}) = "
-                        f"{summary[search]['cached_ratio']:.2f}")
-        if f"{search}_uncached" in seconds:
-            speedup = seconds[f"{search}_uncached"][middle] / cached[middle]
-            summary[search].update(speedup=speedup, speedup_length=int(middle))
-            common.progress(f"  {search}: uncached / cached at {middle} tokens = {speedup:.2f}x")
-    if args.ctranslate2:
-        ours = ("cached", "saved_model") if args.saved_model else ("cached",)
-        summary["ours_over_ctranslate2"] = {
-            f"{search}_{path}_{quantization}".replace("_cached", ""): {
-                n: seconds[f"{search}_{path}"][n] / seconds[f"{search}_ct2_{quantization}"][n]
-                for n in seconds[f"{search}_{path}"]}
-            for path in ours for search in ("greedy", "beam") for quantization in ("fp32", "int8")}
-        for name, ratios in summary["ours_over_ctranslate2"].items():
-            common.progress(f"  ours / CTranslate2 {name}: " + ", ".join(
-                f"{n}: {ratio:.2f}" for n, ratio in ratios.items()))
-        same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_ct2_fp32", n]))
-                for n in lengths]
-        summary["greedy_ct2_fp32_matches_cached"] = min(same)
-        summary["ctranslate2_settings"] = dict(peer.chosen)
-        summary["ctranslate2_calibration_seconds"] = peer.calibration
-        common.progress(f"  greedy: CTranslate2 fp32 tokens equal to ours: {min(same):.1%}")
-    if args.saved_model:
-        same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_saved_model", n]))
-                for n in lengths]
-        summary["greedy_saved_model_matches_cached"] = min(same)
-        common.progress(f"  greedy: SavedModel tokens equal to ours: {min(same):.1%}")
-    if not args.no_uncached:
-        same = [float(np.mean(outputs["greedy_cached", n] == outputs["greedy_uncached", n]))
-                for n in lengths]
-        summary["greedy_uncached_matches_cached"] = min(same)
-        common.progress(f"  greedy: uncached tokens equal to cached ones: {min(same):.1%} "
-                        "(below 100% only from float rounding between the two paths)")
+    first_s = compilation_runs(methods, lengths, uncached, source, k)
+    times, outputs = timed_rounds(args, methods, lengths)
+    seconds = median_seconds(methods, lengths, times, outputs, first_s, args.batch_size)
+    summary = summarize(args, seconds, outputs, lengths, peer)
     if args.ctranslate2:
         peer.close()
     common.emit({

@@ -39,7 +39,6 @@ JSON line marked "skipped" (`--allow-cpu` runs it anyway, to check the script).
     KERAS_BACKEND=jax python benchmarks/gpu.py --steps 40 --window 20 --profile 5
 """
 
-import argparse
 import math
 import os
 import sys
@@ -197,10 +196,39 @@ def run_config(args):
     return preset(args.vocab_size, max_length=max(256, args.length), **overrides)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def training_batches(args, config, frequencies):
+    """(batch size, inputs, labels, target tokens per step) of the copy-task
+    batches that the options name: `--window` batches, which every window
+    goes through in turn."""
+    batch_size = args.tokens_per_batch // args.length
+    inputs, labels = copy_batches(args.window, batch_size, args.length, config.vocab_size,
+                                  frequencies=frequencies)
+    target_tokens = int(np.count_nonzero(labels != config.pad_id)) // args.window  # per step
+    return batch_size, inputs, labels, target_tokens
+
+
+def window_figures(args, config, batch_size, target_tokens, seconds, losses):
+    """The figures of the timed windows (`seconds` and mean `losses` of each)
+    that gpu.py and gpu_peer.py both report: the median step after the first
+    window, which compiles; tokens/s, TFLOP/s and MFU; the loss of each window."""
+    step_time = common.median(seconds[1:]) / args.window
+    flops = common.training_flops(batch_size, args.length, args.length, config)
+    achieved = flops / step_time / 1e12
+    finite = all(math.isfinite(loss) for loss in losses)
+    return {
+        "median_step_s": step_time, "first_window_s": seconds[0],
+        "tokens_per_s": target_tokens / step_time, "achieved_tflops": achieved,
+        "peak_tflops": args.peak_tflops,
+        "mfu": achieved / args.peak_tflops if args.peak_tflops else None,
+        "window_losses": losses, "loss_finite": finite,
+        "loss_decreased": finite and losses[-1] < losses[0],
+    }
+
+
+def parse_args(argv=None):
+    """The options, checked (tiny sizes with --quick): (args, the id counts of
+    --id-frequencies or None, the peer modes)."""
+    parser = common.argument_parser(__doc__)
     add_run_options(parser)
     parser.add_argument("--peers", default="", metavar="MODES",
                         help="after our run, train torch.nn.Transformer on the same batches in "
@@ -223,86 +251,52 @@ def main(argv=None):
     peers = [mode for mode in args.peers.split(",") if mode]
     if set(peers) - set(PEER_MODES):
         parser.error(f"--peers takes {', '.join(PEER_MODES)}, got {args.peers!r}")
-    if peers:
-        # Our process keeps only the GPU memory it uses, so that the peers'
-        # processes, which run after it, have the rest.
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    return args, frequencies, peers
 
-    import keras
 
+def skip_without_gpu(backend):
+    """Says why there is nothing to measure, on stderr and in the JSON line."""
+    message = (f"No GPU visible to the {backend} backend: gpu.py measures GPU training and "
+               "has nothing to do here. Install the backend's CUDA build (see README) and "
+               "check that the GPU is visible (nvidia-smi).")
+    print(message, file=sys.stderr)
+    common.emit({"benchmark": "gpu", "backend": backend, "skipped": True, "reason": message})
+
+
+def fit(args, config, inputs, labels, batch_size, target_tokens):
+    """Trains our model with `model.fit`, timing each window; returns
+    (model, the window timer, seconds of the whole fit)."""
     import keras_transformer as kt
 
-    backend = keras.backend.backend()
-    devices = gpu_devices(backend)
-    if not devices and not args.allow_cpu:
-        message = (f"No GPU visible to the {backend} backend: gpu.py measures GPU training and "
-                   "has nothing to do here. Install the backend's CUDA build (see README) and "
-                   "check that the GPU is visible (nvidia-smi).")
-        print(message, file=sys.stderr)
-        common.emit({"benchmark": "gpu", "backend": backend, "skipped": True,
-                     "reason": message})
-        return
-    if args.flash_attention != "auto":
-        (keras.config.enable_flash_attention if args.flash_attention == "on"
-         else keras.config.disable_flash_attention)()
-    keras.config.set_dtype_policy(args.precision)
-
-    config = run_config(args)
-    if args.quick:
-        args.config = "tiny (quick)"
-    batch_size = args.tokens_per_batch // args.length
-    windows = args.steps // args.window
-    inputs, labels = copy_batches(args.window, batch_size, args.length, config.vocab_size,
-                                  frequencies=frequencies)
-    target_tokens = int(np.count_nonzero(labels != config.pad_id)) // args.window  # per step
-    common.progress(f"gpu: backend {backend}, devices {devices or ['CPU (--allow-cpu)']}, "
-                    f"{args.config} config (N={config.num_layers}, d_model {config.d_model}, "
-                    f"h={config.num_heads}, d_ff {config.d_ff}, dropout {config.dropout_rate}), "
-                    f"{args.precision}, batches of {batch_size} x {args.length} positions "
-                    f"({target_tokens} target tokens), {args.steps} steps of model.fit")
     model = kt.Transformer(config)
     model.compile(optimizer=kt.paper_adam(config.d_model, config.warmup_steps),
                   loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
                   steps_per_execution=args.steps_per_execution)
+    windows = args.steps // args.window
     timer = window_timer(args.window, target_tokens, windows)
     start = time.perf_counter()
     model.fit(inputs, labels, batch_size=batch_size, epochs=windows, shuffle=False,
               verbose=0, callbacks=[timer])
-    fit_seconds = time.perf_counter() - start
-    # Under mixed_float16 a step whose gradient overflowed is skipped by the
-    # loss scaling; the inner optimizer counts only the steps it applied.
-    applied = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    return model, timer, time.perf_counter() - start
 
-    step_time = common.median(timer.seconds[1:]) / args.window
-    flops = common.training_flops(batch_size, args.length, args.length, config)
-    achieved = flops / step_time / 1e12
-    mfu = achieved / args.peak_tflops if args.peak_tflops else None
-    finite = all(math.isfinite(loss) for loss in timer.losses)
-    result = {
-        "benchmark": "gpu", "backend": backend, "devices": devices, "config": args.config,
-        "precision": args.precision, "batch_size": batch_size, "length": args.length,
-        "target_tokens_per_step": target_tokens, "steps": args.steps, "window": args.window,
-        "dropout_rate": config.dropout_rate, "vocab_size": config.vocab_size,
-        "steps_per_execution": args.steps_per_execution, "params": model.count_params(),
-        "median_step_s": step_time, "first_window_s": timer.seconds[0], "fit_s": fit_seconds,
-        "tokens_per_s": target_tokens / step_time, "achieved_tflops": achieved,
-        "peak_tflops": args.peak_tflops, "mfu": mfu, "flop_formula": common.FLOP_FORMULA,
-        "peak_gpu_memory_mb": peak_memory_mb(backend), "jit_compile": model.jit_compile,
-        "flash_attention": keras.config.is_flash_attention_enabled(),
-        "window_losses": timer.losses, "loss_finite": finite,
-        "loss_decreased": finite and timer.losses[-1] < timer.losses[0],
-        "optimizer": type(model.optimizer).__name__,
-        "skipped_steps": args.steps - applied, "ids": args.id_frequencies or "zipf 1.1",
-        "quick": args.quick, "skipped": False,
-    }
+
+def report_fit(result):
+    """Prints the figures of our run."""
     common.progress(f"gpu: {result['tokens_per_s']:,.0f} target tokens/s, "
-                    f"{step_time * 1e3:.1f} ms/step, {achieved:.1f} TFLOP/s "
-                    f"({common.FLOP_FORMULA}); first window {timer.seconds[0]:.1f} s")
+                    f"{result['median_step_s'] * 1e3:.1f} ms/step, "
+                    f"{result['achieved_tflops']:.1f} TFLOP/s "
+                    f"({common.FLOP_FORMULA}); first window {result['first_window_s']:.1f} s")
+    mfu = result["mfu"]
     common.progress("gpu: MFU " + (f"{mfu:.1%}" if mfu is not None else
                                    "not computed: pass --peak-tflops"))
-    common.progress(f"gpu: loss {timer.losses[0]:.3f} -> {timer.losses[-1]:.3f}, "
+    losses = result["window_losses"]
+    common.progress(f"gpu: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
                     f"peak GPU memory {result['peak_gpu_memory_mb'] or float('nan'):,.0f} MiB")
-    sample = ({key: value[:batch_size] for key, value in inputs.items()}, labels[:batch_size])
+
+
+def inspect_steps(args, backend, model, sample, result):
+    """With --check-attention and --profile, adds which kernel ran the
+    attention and where the time of a few steps goes to `result`, printed."""
     if args.check_attention:
         result["attention"] = attention_kernels(backend, model, *sample)
         common.progress(f"gpu: attention kernels ({result['attention']['method']}): "
@@ -315,20 +309,77 @@ def main(argv=None):
                             f"{timeline['events']} events, {timeline['busy_ms']:.1f} ms busy; "
                             + ", ".join(f"{n} x{c} {ms:.2f} ms"
                                         for n, c, ms in timeline["top"][:5]))
+
+
+def compare_with_peers(args, peers, backend, result):
+    """Runs the peers (once our model is deleted) and adds their results and
+    ours / theirs to `result`, printed."""
+    if backend == "torch":
+        import torch
+
+        torch.cuda.empty_cache()
+    result["peers"] = run_peers(args, peers)
+    for mode, peer in result["peers"].items():
+        if peer.get("tokens_per_s"):
+            peer["ours_over_peer"] = result["tokens_per_s"] / peer["tokens_per_s"]
+            common.progress(f"gpu: ours / torch.nn.Transformer ({mode}) = "
+                            f"{peer['ours_over_peer']:.3f}")
+
+
+def main(argv=None):
+    args, frequencies, peers = parse_args(argv)
+    if peers:
+        # Our process keeps only the GPU memory it uses, so that the peers'
+        # processes, which run after it, have the rest.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+    import keras
+
+    backend = keras.backend.backend()
+    devices = gpu_devices(backend)
+    if not devices and not args.allow_cpu:
+        skip_without_gpu(backend)
+        return
+    if args.flash_attention != "auto":
+        (keras.config.enable_flash_attention if args.flash_attention == "on"
+         else keras.config.disable_flash_attention)()
+    keras.config.set_dtype_policy(args.precision)
+
+    config = run_config(args)
+    if args.quick:
+        args.config = "tiny (quick)"
+    batch_size, inputs, labels, target_tokens = training_batches(args, config, frequencies)
+    common.progress(f"gpu: backend {backend}, devices {devices or ['CPU (--allow-cpu)']}, "
+                    f"{args.config} config (N={config.num_layers}, d_model {config.d_model}, "
+                    f"h={config.num_heads}, d_ff {config.d_ff}, dropout {config.dropout_rate}), "
+                    f"{args.precision}, batches of {batch_size} x {args.length} positions "
+                    f"({target_tokens} target tokens), {args.steps} steps of model.fit")
+    model, timer, fit_seconds = fit(args, config, inputs, labels, batch_size, target_tokens)
+    # Under mixed_float16 a step whose gradient overflowed is skipped by the
+    # loss scaling; the inner optimizer counts only the steps it applied.
+    applied = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    result = {
+        "benchmark": "gpu", "backend": backend, "devices": devices, "config": args.config,
+        "precision": args.precision, "batch_size": batch_size, "length": args.length,
+        "target_tokens_per_step": target_tokens, "steps": args.steps, "window": args.window,
+        "dropout_rate": config.dropout_rate, "vocab_size": config.vocab_size,
+        "steps_per_execution": args.steps_per_execution, "params": model.count_params(),
+        "fit_s": fit_seconds, "flop_formula": common.FLOP_FORMULA,
+        "peak_gpu_memory_mb": peak_memory_mb(backend), "jit_compile": model.jit_compile,
+        "flash_attention": keras.config.is_flash_attention_enabled(),
+        "optimizer": type(model.optimizer).__name__,
+        "skipped_steps": args.steps - applied, "ids": args.id_frequencies or "zipf 1.1",
+        "quick": args.quick, "skipped": False,
+        **window_figures(args, config, batch_size, target_tokens, timer.seconds, timer.losses),
+    }
+    report_fit(result)
+    sample = ({key: value[:batch_size] for key, value in inputs.items()}, labels[:batch_size])
+    inspect_steps(args, backend, model, sample, result)
     if peers:
         del model
-        if backend == "torch":
-            import torch
-
-            torch.cuda.empty_cache()
-        result["peers"] = run_peers(args, peers)
-        for mode, peer in result["peers"].items():
-            if peer.get("tokens_per_s"):
-                peer["ours_over_peer"] = result["tokens_per_s"] / peer["tokens_per_s"]
-                common.progress(f"gpu: ours / torch.nn.Transformer ({mode}) = "
-                                f"{peer['ours_over_peer']:.3f}")
+        compare_with_peers(args, peers, backend, result)
     common.emit(result)
-    if not finite:
+    if not result["loss_finite"]:
         sys.exit("error: the loss became NaN or infinite")
 
 

@@ -20,8 +20,6 @@ in the same invocation, so that one report gives the ratio.
     python benchmarks/gpu_peer.py --mode compile --config big --peak-tflops 989
 """
 
-import argparse
-import math
 import os
 import sys
 import time
@@ -37,9 +35,7 @@ MODES = ("eager", "compile")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--mode", choices=MODES, default="eager",
                         help="eager PyTorch, or the loss function under torch.compile")
     gpu.add_run_options(parser)
@@ -47,29 +43,15 @@ def parse_args(argv=None):
     return args, gpu.check_run_options(parser, args)
 
 
-def main(argv=None):
-    args, frequencies = parse_args(argv)
+def training_step(model, config, args, device):
+    """One optimizer step of `model` on a (source, target, labels) batch of host
+    tensors, as a careful PyTorch user writes it: Adam with eq. (3), autocast in
+    the run's precision (float16 with a GradScaler), the loss function under
+    torch.compile with `--mode compile`. The step returns (its loss, whether
+    the GradScaler skipped it)."""
     import torch
     import torch.nn.functional as F
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.allow_cpu:
-        common.emit({"benchmark": "gpu_peer", "mode": args.mode, "skipped": True,
-                     "reason": "no GPU visible to torch"})
-        return
-    config = gpu.run_config(args)
-    batch_size = args.tokens_per_batch // args.length
-    inputs, labels = gpu.copy_batches(args.window, batch_size, args.length, config.vocab_size,
-                                      frequencies=frequencies)
-    target_tokens = int(np.count_nonzero(labels != config.pad_id)) // args.window
-    # Host tensors, copied to the device at each step as a data loader's are.
-    batches = [tuple(torch.from_numpy(np.ascontiguousarray(array[i::args.window])).long()
-                     for array in (inputs["source"], inputs["target"], labels))
-               for i in range(args.window)]
-
-    torch.manual_seed(0)
-    model = peers.torch_transformer(config).to(device)
-    model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
                                  fused=device == "cuda")
     d, warmup = config.d_model, config.warmup_steps
@@ -87,10 +69,8 @@ def main(argv=None):
                                label_smoothing=config.label_smoothing)
 
     loss_function = torch.compile(training_loss) if args.mode == "compile" else training_loss
-    skipped = 0
 
     def step(batch):
-        nonlocal skipped
         source, target, step_labels = (t.to(device, non_blocking=True) for t in batch)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_function(source, target, step_labels)
@@ -98,29 +78,57 @@ def main(argv=None):
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        skipped += scaler.is_enabled() and scaler.get_scale() < scale
         schedule.step()
-        return loss
+        return loss, scaler.is_enabled() and scaler.get_scale() < scale
 
-    common.progress(f"gpu_peer: torch.nn.Transformer ({args.mode}) on {device}, "
-                    f"{args.config if not args.quick else 'tiny (quick)'} config, "
-                    f"{args.precision}, batches of {batch_size} x {args.length}")
-    windows, seconds, losses = args.steps // args.window, [], []
+    return step
+
+
+def train_windows(step, batches, args, target_tokens):
+    """Runs `--steps` steps in windows of `--window`, each going through the
+    batches once; returns (seconds of each window, its mean loss, steps skipped)."""
+    windows, seconds, losses, skipped = args.steps // args.window, [], [], 0
     for window in range(windows):
         start = time.perf_counter()
         total = 0.0
         for index in range(args.window):
-            total += step(batches[index]).detach()
+            loss, step_skipped = step(batches[index])
+            total += loss.detach()
+            skipped += step_skipped
         loss = float(total) / args.window  # waits for the window's last step
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
         common.progress(f"  window {window + 1}/{windows}: {seconds[-1]:.2f} s, "
                         f"{target_tokens * args.window / seconds[-1]:,.0f} target tokens/s, "
                         f"loss {loss:.4f}")
-    step_time = common.median(seconds[1:]) / args.window
-    achieved = common.training_flops(batch_size, args.length, args.length, config) / step_time
-    achieved /= 1e12
-    finite = all(math.isfinite(loss) for loss in losses)
+    return seconds, losses, skipped
+
+
+def main(argv=None):
+    args, frequencies = parse_args(argv)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.allow_cpu:
+        common.emit({"benchmark": "gpu_peer", "mode": args.mode, "skipped": True,
+                     "reason": "no GPU visible to torch"})
+        return
+    config = gpu.run_config(args)
+    batch_size, inputs, labels, target_tokens = gpu.training_batches(args, config, frequencies)
+    # Host tensors, copied to the device at each step as a data loader's are.
+    batches = [tuple(torch.from_numpy(np.ascontiguousarray(array[i::args.window])).long()
+                     for array in (inputs["source"], inputs["target"], labels))
+               for i in range(args.window)]
+
+    torch.manual_seed(0)
+    model = peers.torch_transformer(config).to(device)
+    model.train()
+    step = training_step(model, config, args, device)
+    common.progress(f"gpu_peer: torch.nn.Transformer ({args.mode}) on {device}, "
+                    f"{args.config if not args.quick else 'tiny (quick)'} config, "
+                    f"{args.precision}, batches of {batch_size} x {args.length}")
+    seconds, losses, skipped = train_windows(step, batches, args, target_tokens)
+    figures = gpu.window_figures(args, config, batch_size, target_tokens, seconds, losses)
     common.emit({
         "benchmark": "gpu_peer", "model": "torch.nn.Transformer", "mode": args.mode,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -129,17 +137,13 @@ def main(argv=None):
         "batch_size": batch_size, "length": args.length, "vocab_size": config.vocab_size,
         "target_tokens_per_step": target_tokens, "steps": args.steps, "window": args.window,
         "params": sum(p.numel() for p in model.parameters()),
-        "median_step_s": step_time, "first_window_s": seconds[0],
-        "tokens_per_s": target_tokens / step_time, "achieved_tflops": achieved,
-        "peak_tflops": args.peak_tflops,
-        "mfu": achieved / args.peak_tflops if args.peak_tflops else None,
         "peak_gpu_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
                                if device == "cuda" else None),
-        "window_losses": losses, "loss_finite": finite,
-        "loss_decreased": finite and losses[-1] < losses[0], "skipped_steps": int(skipped),
+        "skipped_steps": int(skipped),
         "ids": args.id_frequencies or "zipf 1.1", "quick": args.quick, "skipped": False,
+        **figures,
     })
-    if not finite:
+    if not figures["loss_finite"]:
         sys.exit("error: the loss became NaN or infinite")
 
 

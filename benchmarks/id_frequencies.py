@@ -12,7 +12,6 @@ file to the GPU machine.
     python benchmarks/id_frequencies.py --data-dir ../shared/data/multi30k --output ids.npy
 """
 
-import argparse
 import os
 import sys
 
@@ -23,9 +22,7 @@ import common  # noqa: F401  puts the repository on sys.path
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--data-dir", required=True,
                         help="Multi30k folder (train.de, train.en, ...; .gz ok)")
     parser.add_argument("--vocab-size", type=int, default=8000)

@@ -13,7 +13,6 @@ thread count.
     python benchmarks/matmul.py --size 4096 --repeats 20
 """
 
-import argparse
 import os
 import sys
 
@@ -85,9 +84,7 @@ def available(library):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--size", type=int, default=2048, help="n of the square n×n product")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls (median)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first")

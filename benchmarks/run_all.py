@@ -23,7 +23,6 @@ tables) are kept, in their order, after the ones it writes. Targets:
     python benchmarks/run_all.py --quick --output /tmp/bench_quick.md   # check the scripts
 """
 
-import argparse
 import datetime
 import importlib.metadata
 import json
@@ -163,9 +162,10 @@ def number(value, digits=1):
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
-def report(results, backends, args, started):
+def _header(args, started, gpus):
+    """The report's title, introduction and the lines on the machine, the
+    versions, the command and the methods."""
     info = common.machine()
-    best = results.get("matmul", {}).get("best_gflops")
     parts = ["# Benchmark results", "", INTRODUCTION, ""]
     if args.quick:
         parts += [("**QUICK MODE: tiny sizes and 2 steps, only to check that the scripts "
@@ -183,23 +183,27 @@ def report(results, backends, args, started):
          "loop for torch.nn.Transformer; random ids, no padding; memory is the peak RSS of "
          "each model's own process (`ru_maxrss`, framework included)."),
     ]
-    gpus = {backend: results[("gpu", backend)] for backend in backends
-            if ("gpu", backend) in results}
     if gpus and all(gpu.get("skipped") for gpu in gpus.values()):
         parts.append("- GPU: none visible here (`gpu.py` skipped).")
-    parts += [
-        "", "## Targets", "",
-        table(("target", "backend", "measured", "required", "result"),
-              targets(results, backends)), "",
-    ]
+    return parts
+
+
+def _matmul_section(results):
+    """The matmul rates per library, if matmul.py ran."""
     matmul = results.get("matmul", {})
-    if "gflops" in matmul:
-        shapes = matmul["shapes"]
-        parts += ["## Matmul rate (float32)", "",
-                  table(("library", f"square {'×'.join(map(str, shapes['square']))} GFLOP/s",
-                         f"FFN-shaped {'×'.join(map(str, shapes['ffn']))} GFLOP/s", "threads"),
-                        [(name, number(r["square"]), number(r["ffn"]), r["threads"] or "default")
-                         for name, r in matmul["gflops"].items()]), ""]
+    if "gflops" not in matmul:
+        return []
+    shapes = matmul["shapes"]
+    return ["## Matmul rate (float32)", "",
+            table(("library", f"square {'×'.join(map(str, shapes['square']))} GFLOP/s",
+                   f"FFN-shaped {'×'.join(map(str, shapes['ffn']))} GFLOP/s", "threads"),
+                  [(name, number(r["square"]), number(r["ffn"]), r["threads"] or "default")
+                   for name, r in matmul["gflops"].items()]), ""]
+
+
+def _training_section(results, backends):
+    """Each model's training figures per backend and config, if training.py ran."""
+    best = results.get("matmul", {}).get("best_gflops")
     rows = []
     for backend in backends:
         for config in ("default", "large"):
@@ -214,11 +218,16 @@ def report(results, backends, args, started):
                              number(r["first_step_s"]), number(r["peak_rss_mb"], 0),
                              number(r["gflops"]),
                              f"{r['gflops'] / best:.0%}" if best else "n/a"))
-    if rows:
-        parts += ["## Training throughput", "",
-                  table(("backend", "config", "model", "XLA", "params", "target tokens/s",
-                         "median ms/step", "first step s", "peak RSS MiB", "GFLOP/s",
-                         "of best matmul"), rows), ""]
+    if not rows:
+        return []
+    return ["## Training throughput", "",
+            table(("backend", "config", "model", "XLA", "params", "target tokens/s",
+                   "median ms/step", "first step s", "peak RSS MiB", "GFLOP/s",
+                   "of best matmul"), rows), ""]
+
+
+def _decoding_section(results, backends):
+    """The cached and uncached searches' times per backend, if decoding.py ran."""
     rows = []
     for backend in backends:
         decoding = results.get(("decoding", backend), {})
@@ -229,9 +238,16 @@ def report(results, backends, args, started):
                                                 for n in decoding["lengths"]]))
     lengths = next((results[("decoding", b)]["lengths"] for b in backends
                     if "lengths" in results.get(("decoding", b), {})), [])
-    if rows:
-        parts += ["## Decoding: ms per new token (seconds per batch)", "",
-                  table(("backend", "method", *[f"{n} tokens" for n in lengths]), rows), ""]
+    if not rows:
+        return []
+    return ["## Decoding: ms per new token (seconds per batch)", "",
+            table(("backend", "method", *[f"{n} tokens" for n in lengths]), rows), ""]
+
+
+def _gpu_section(gpus):
+    """gpu.py's figures per backend, if it ran on a GPU for at least one."""
+    if not gpus or all(gpu.get("skipped") for gpu in gpus.values()):
+        return []
     rows = []
     for backend, gpu in gpus.items():
         if gpu.get("skipped") or "error" in gpu:
@@ -242,9 +258,25 @@ def report(results, backends, args, started):
                          number(gpu["tokens_per_s"], 0), number(gpu["achieved_tflops"], 2),
                          "n/a" if gpu["mfu"] is None else f"{gpu['mfu']:.1%}",
                          number(gpu["peak_gpu_memory_mb"], 0)))
-    if gpus and not all(gpu.get("skipped") for gpu in gpus.values()):
-        parts += ["## GPU", "", table(("backend", "run", "tokens/s", "TFLOP/s", "MFU",
-                                       "peak GPU MiB"), rows), ""]
+    return ["## GPU", "", table(("backend", "run", "tokens/s", "TFLOP/s", "MFU",
+                                 "peak GPU MiB"), rows), ""]
+
+
+def report(results, backends, args, started):
+    """The Markdown report of the runs: the machine and versions, the targets,
+    a table per benchmark that ran, and the runs that failed."""
+    gpus = {backend: results[("gpu", backend)] for backend in backends
+            if ("gpu", backend) in results}
+    parts = _header(args, started, gpus)
+    parts += [
+        "", "## Targets", "",
+        table(("target", "backend", "measured", "required", "result"),
+              targets(results, backends)), "",
+    ]
+    parts += _matmul_section(results)
+    parts += _training_section(results, backends)
+    parts += _decoding_section(results, backends)
+    parts += _gpu_section(gpus)
     errors = [f"- {key}: {value['error']}" for key, value in results.items()
               if isinstance(value, dict) and "error" in value]
     if errors:
@@ -276,9 +308,7 @@ def _kept_sections(path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated subset of tensorflow,jax,torch")
     parser.add_argument("--skip", default="", help="comma-separated scripts to skip "

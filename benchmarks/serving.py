@@ -34,7 +34,6 @@ run takes about 10 minutes on a 2-core CPU, half of it the two servers' warm-ups
     python benchmarks/serving.py --output /tmp/serving.json   # the figures as JSON too
 """
 
-import argparse
 import datetime
 import json
 import os
@@ -279,10 +278,10 @@ def git_commit():
     return commit
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    """The options, checked (small counts with --quick), with the load table's
+    concurrencies and the requests at which the RSS is read."""
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--saved-model", default="saved_models/quickstart",
                         help="base path served (default: saved_models/quickstart)")
     parser.add_argument("--run-dir", default="runs/quickstart",
@@ -317,20 +316,12 @@ def main(argv=None):
     if min(args.requests, args.rounds, args.warm_repeats, args.slow_connections,
            args.slow_requests, args.rss_clients) < 1 or min(args.time_limit, args.phase_limit) <= 0:
         parser.error("counts and limits must be positive")
-    shown_path = args.saved_model
-    args.saved_model = os.path.abspath(args.saved_model)  # the server runs in the repository
+    return args
 
-    start = time.perf_counter()
-    deadline = start + args.time_limit
-    common.progress("serving: preparing sentences")
-    bank = SentenceBank(args.run_dir, 500)
-    results = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-               "machine": common.machine(), "saved_model": shown_path,
-               "commit": git_commit(),
-               "quick": args.quick, "requests_per_configuration": args.requests,
-               "rounds": args.rounds,
-               "warm_repeats": args.warm_repeats, "servers": {}, "load": [], "shapes": []}
 
+def batching_off(args, bank, results, deadline):
+    """On a fresh server without batching: the model's metadata, the first
+    request of every compiled shape, and the load table; into `results`."""
     server, info = start_server(args, ["--no-enable-batching"], "batching off")
     try:
         results["servers"]["off"] = info
@@ -346,20 +337,43 @@ def main(argv=None):
     finally:
         server.stop()
 
+
+def batching_on(args, bank, results, deadline):
+    """On a second server, with batching: the load table, the slow clients and
+    the RSS over a long run, as far as the time limit allows; into `results`."""
+    server, info = start_server(args, ["--enable-batching"], "batching on")
+    try:
+        results["servers"]["on"] = info
+        common.progress("Load, batching on")
+        results["load"] += load_table(server, bank.bodies, args, deadline, "on")
+        if time.perf_counter() < deadline:
+            common.progress("Slow clients (batching on)")
+            results["slow_clients"] = slow_client_check(server, bank.bodies, args)
+        if time.perf_counter() < deadline:
+            common.progress(f"RSS over a long run ({args.rss_clients} clients, batching on)")
+            results["rss"] = rss_check(server, bank.bodies, args, deadline)
+    finally:
+        server.stop()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    shown_path = args.saved_model
+    args.saved_model = os.path.abspath(args.saved_model)  # the server runs in the repository
+
+    start = time.perf_counter()
+    deadline = start + args.time_limit
+    common.progress("serving: preparing sentences")
+    bank = SentenceBank(args.run_dir, 500)
+    results = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+               "machine": common.machine(), "saved_model": shown_path,
+               "commit": git_commit(),
+               "quick": args.quick, "requests_per_configuration": args.requests,
+               "rounds": args.rounds,
+               "warm_repeats": args.warm_repeats, "servers": {}, "load": [], "shapes": []}
+    batching_off(args, bank, results, deadline)
     if time.perf_counter() < deadline:
-        server, info = start_server(args, ["--enable-batching"], "batching on")
-        try:
-            results["servers"]["on"] = info
-            common.progress("Load, batching on")
-            results["load"] += load_table(server, bank.bodies, args, deadline, "on")
-            if time.perf_counter() < deadline:
-                common.progress("Slow clients (batching on)")
-                results["slow_clients"] = slow_client_check(server, bank.bodies, args)
-            if time.perf_counter() < deadline:
-                common.progress(f"RSS over a long run ({args.rss_clients} clients, batching on)")
-                results["rss"] = rss_check(server, bank.bodies, args, deadline)
-        finally:
-            server.stop()
+        batching_on(args, bank, results, deadline)
 
     results["seconds"] = time.perf_counter() - start
     results["targets"] = evaluate(results)

@@ -217,6 +217,39 @@ async def _read_answer(reader):
     return status, body, headers.get("connection", "").lower() == "close"
 
 
+async def _connect(port):
+    return await asyncio.wait_for(asyncio.open_connection(HOST, port), 30)
+
+
+async def _send(connection, port, request):
+    """Sends `request` on `connection` (a new one if it is None) and checks the
+    answer for its one prediction. Returns (the connection to send the next
+    request on, None if it closed; the failure, None if the answer is good)."""
+    failure = None
+    try:
+        if connection is None:
+            connection = await _connect(port)
+        reader, writer = connection
+        writer.write(request)
+        status, body, close = await asyncio.wait_for(_read_answer(reader), 120)
+        if close:
+            writer.close()
+            connection = None
+        if status != 200:
+            failure = f"HTTP {status}"
+        else:
+            payload = json.loads(body)
+            if not isinstance(payload, dict) or len(payload.get("predictions", ())) != 1:
+                failure = "bad answer"
+    except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+            asyncio.TimeoutError, ValueError):
+        failure = "connection error"
+        if connection is not None:
+            connection[1].close()
+        connection = None
+    return connection, failure
+
+
 async def _run_load(port, name, bodies, concurrency, total, deadline, on_complete):
 
     requests = [_request_bytes(name, body if isinstance(body, bytes) else body.encode())
@@ -225,16 +258,10 @@ async def _run_load(port, name, bodies, concurrency, total, deadline, on_complet
     latencies, failures = [], {}
     ready, go = [0], asyncio.Event()
 
-    def fail(kind):
-        failures[kind] = failures.get(kind, 0) + 1
-
-    async def connect():
-        return await asyncio.wait_for(asyncio.open_connection(HOST, port), 30)
-
     async def client():
         connection = None
         try:
-            connection = await connect()
+            connection = await _connect(port)
         except (OSError, asyncio.TimeoutError):
             pass  # the first request reconnects and counts the error
         ready[0] += 1
@@ -243,34 +270,13 @@ async def _run_load(port, name, bodies, concurrency, total, deadline, on_complet
             index = state["next"]
             state["next"] += 1
             start = time.perf_counter()
-            failure = None
-            try:
-                if connection is None:
-                    connection = await connect()
-                reader, writer = connection
-                writer.write(requests[index % len(requests)])
-                status, body, close = await asyncio.wait_for(_read_answer(reader), 120)
-                if close:
-                    writer.close()
-                    connection = None
-                if status != 200:
-                    failure = f"HTTP {status}"
-                else:
-                    payload = json.loads(body)
-                    if not isinstance(payload, dict) or len(payload.get("predictions", ())) != 1:
-                        failure = "bad answer"
-            except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                    asyncio.TimeoutError, ValueError):
-                failure = "connection error"
-                if connection is not None:
-                    connection[1].close()
-                connection = None
+            connection, failure = await _send(connection, port, requests[index % len(requests)])
             seconds = time.perf_counter() - start
             state["done"] += 1
             if failure is None:
                 latencies.append(seconds)
             else:
-                fail(failure)
+                failures[failure] = failures.get(failure, 0) + 1
             if on_complete is not None:
                 on_complete(state["done"])
         if connection is not None:

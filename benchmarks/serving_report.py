@@ -53,6 +53,9 @@ def evaluate(results):
 
 
 def markdown(results, command):
+    """The report of a run for RESULTS.md: the command, machine and model, then
+    the servers' start-up, the load, first requests, slow clients and RSS
+    figures, and the targets met or not."""
     machine = results["machine"]
     compiled = results["shapes_compiled"]
     lines = [f"- Command: `{command}`",
@@ -61,62 +64,93 @@ def markdown(results, command):
               f"keras-transformer {results['commit']}"),
              (f"- Model: `{results['saved_model']}` (version {results['version']}), batch sizes "
               f"{compiled['batch_sizes']} × widths {compiled['lengths']}"), ""]
-    lines += ["| server | process start → AVAILABLE | warm-up (server log) | RSS at AVAILABLE |",
-              "| --- | --- | --- | --- |"]
+    lines += _server_lines(results)
+    lines += _load_lines(results)
+    lines += _shape_lines(results)
+    lines += _slow_client_lines(results)
+    lines += _rss_lines(results)
+    lines += ["", "| target | measured | required | result |", "| --- | --- | --- | --- |"]
+    for target, measured, required, met in results["targets"]:
+        lines.append(f"| {target} | {measured} | {required} | {'met' if met else 'not met'} |")
+    return "\n".join(lines)
+
+
+def _server_lines(results):
+    """The table of each server's start-up."""
+    lines = ["| server | process start → AVAILABLE | warm-up (server log) | RSS at AVAILABLE |",
+             "| --- | --- | --- | --- |"]
     for label, info in results["servers"].items():
         warmup = info["warmup"] or {}
         lines.append(f"| batching {label} | {info['start_to_available_s']:.1f} s | "
                      f"{warmup.get('requests')} requests, {warmup.get('seconds')} s | "
                      f"{info['rss_available_mb']:.0f} MiB |")
-    lines += ["", ("Load: each row is the median of its rounds (by sentences/s); the rounds "
-                   "ran interleaved, 1, 8, 32, 64 clients, then again."), "",
-              ("| batching | clients | requests per round | failed (all rounds) | sentences/s "
-               "| every round | p50 ms | p95 ms | p99 ms |"),
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    return lines
+
+
+def _load_lines(results):
+    """The load table: a row per batching and concurrency."""
+    lines = ["", ("Load: each row is the median of its rounds (by sentences/s); the rounds "
+                  "ran interleaved, 1, 8, 32, 64 clients, then again."), "",
+             ("| batching | clients | requests per round | failed (all rounds) | sentences/s "
+              "| every round | p50 ms | p95 ms | p99 ms |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results["load"]:
         stopped = " (time limit)" if r["stopped_all_rounds"] else ""
         lines.append(f"| {r['batching']} | {r['clients']} | {r['requests']}{stopped} | "
                      f"{r['failed_all_rounds']} | {r['sentences_per_s']:.1f} | "
                      f"{', '.join(f'{x:.1f}' for x in r['rounds'])} | {r['p50_ms']:.0f} | "
                      f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} |")
-    if results["shapes"]:
-        by_signature = {}
-        for r in results["shapes"]:
-            by_signature.setdefault(r["signature"], []).append(r)
-        lines += ["", (f"First request of each shape vs {results['warm_repeats']} warm ones "
-                       "(fresh server, batching off):"), "",
-                  ("| signature | shapes | worst first / warm p99 (shape) | median ratio | "
-                   "largest first request |"), "| --- | --- | --- | --- | --- |"]
-        for signature, rows in by_signature.items():
-            worst = max(rows, key=lambda r: r["ratio"])
-            slowest = max(rows, key=lambda r: r["first_ms"])
-            lines.append(
-                f"| {signature} | {len(rows)} | {worst['ratio']:.2f} (batch {worst['batch']}, "
-                f"width {worst['width']}: {worst['first_ms']:.0f} vs {worst['warm_p99_ms']:.0f} "
-                f"ms) | {percentile([r['ratio'] for r in rows], 50):.2f} | "
-                f"{slowest['first_ms']:.0f} ms (batch {slowest['batch']}, width "
-                f"{slowest['width']}; warm p99 {slowest['warm_p99_ms']:.0f} ms) |")
+    return lines
+
+
+def _shape_lines(results):
+    """The first request of each shape against warm ones, a row per signature."""
+    if not results["shapes"]:
+        return []
+    by_signature = {}
+    for r in results["shapes"]:
+        by_signature.setdefault(r["signature"], []).append(r)
+    lines = ["", (f"First request of each shape vs {results['warm_repeats']} warm ones "
+                  "(fresh server, batching off):"), "",
+             ("| signature | shapes | worst first / warm p99 (shape) | median ratio | "
+              "largest first request |"), "| --- | --- | --- | --- | --- |"]
+    for signature, rows in by_signature.items():
+        worst = max(rows, key=lambda r: r["ratio"])
+        slowest = max(rows, key=lambda r: r["first_ms"])
+        lines.append(
+            f"| {signature} | {len(rows)} | {worst['ratio']:.2f} (batch {worst['batch']}, "
+            f"width {worst['width']}: {worst['first_ms']:.0f} vs {worst['warm_p99_ms']:.0f} "
+            f"ms) | {percentile([r['ratio'] for r in rows], 50):.2f} | "
+            f"{slowest['first_ms']:.0f} ms (batch {slowest['batch']}, width "
+            f"{slowest['width']}; warm p99 {slowest['warm_p99_ms']:.0f} ms) |")
+    return lines
+
+
+def _slow_client_lines(results):
+    """The good requests' latency without and with the slow connections open."""
     slow = results.get("slow_clients")
-    if slow:
-        lines += ["", (f"Slow clients (batching on): {slow['requests']} serial one-sentence "
-                       f"requests without, then with {slow['connections']} connections open "
-                       "(half idle, half sending headers one byte per 0.1 s): p50 "
-                       f"{slow['p50_without_ms']:.1f} → {slow['p50_with_ms']:.1f} ms, p95 "
-                       f"{slow['p95_without_ms']:.1f} → {slow['p95_with_ms']:.1f} ms; the "
-                       f"server closed {slow['slow_connections_closed_by_server']} of them "
-                       f"meanwhile ({slow['their_answers'] or 'none'}).")]
+    if not slow:
+        return []
+    return ["", (f"Slow clients (batching on): {slow['requests']} serial one-sentence "
+                 f"requests without, then with {slow['connections']} connections open "
+                 "(half idle, half sending headers one byte per 0.1 s): p50 "
+                 f"{slow['p50_without_ms']:.1f} → {slow['p50_with_ms']:.1f} ms, p95 "
+                 f"{slow['p95_without_ms']:.1f} → {slow['p95_with_ms']:.1f} ms; the "
+                 f"server closed {slow['slow_connections_closed_by_server']} of them "
+                 f"meanwhile ({slow['their_answers'] or 'none'}).")]
+
+
+def _rss_lines(results):
+    """The server's RSS before and during the long run."""
     rss = results.get("rss")
-    if rss:
-        load = rss["load"]
-        lines += ["", (f"RSS (VmRSS, batching on, {load['clients']} clients, "
-                       f"{load['requests']} requests at {load['sentences_per_s']:.1f} "
-                       f"sentences/s, {load['failed']} failed): {rss['before_mb']:.0f} MiB "
-                       f"before, {_mb(rss['at_first_mark_mb'])} at request {rss['marks'][0]:,}, "
-                       f"{_mb(rss['at_last_mark_mb'])} at request {rss['marks'][1]:,}.")]
-    lines += ["", "| target | measured | required | result |", "| --- | --- | --- | --- |"]
-    for target, measured, required, met in results["targets"]:
-        lines.append(f"| {target} | {measured} | {required} | {'met' if met else 'not met'} |")
-    return "\n".join(lines)
+    if not rss:
+        return []
+    load = rss["load"]
+    return ["", (f"RSS (VmRSS, batching on, {load['clients']} clients, "
+                 f"{load['requests']} requests at {load['sentences_per_s']:.1f} "
+                 f"sentences/s, {load['failed']} failed): {rss['before_mb']:.0f} MiB "
+                 f"before, {_mb(rss['at_first_mark_mb'])} at request {rss['marks'][0]:,}, "
+                 f"{_mb(rss['at_last_mark_mb'])} at request {rss['marks'][1]:,}.")]
 
 
 def _mb(value):

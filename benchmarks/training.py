@@ -116,10 +116,9 @@ def run_in_subprocess(args, model):
     return json.loads(lines[-1])
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def make_parser():
+    """The command-line options, with the hidden ones of a model's own subprocess."""
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--config", choices=tuple(common.SIZES), default="default",
                         help="default: d_model 256, 4 heads, d_ff 1024; large: 512, 8, 2048 "
                              "(both N=3, vocab 8000); quick: tiny, for checks only")
@@ -141,6 +140,33 @@ def main(argv=None):
                         help="tiny sizes and 2 steps, to check that the script runs")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
+    return parser
+
+
+def report(results):
+    """Prints each model's figures and returns the ratios of our tokens/s to
+    the other models'."""
+    common.progress(f"training: FLOPs: {common.FLOP_FORMULA}")
+    common.progress("training: memory = peak RSS of each model's own process (ru_maxrss)")
+    for model, r in results.items():
+        if "error" in r:
+            common.progress(f"  {model:<10} {r['error']}")
+            continue
+        common.progress(f"  {model:<10} {r['params']:>11,} params  {r['tokens_per_s']:9.0f} "
+                        f"tokens/s  {r['median_step_s'] * 1e3:8.1f} ms/step  "
+                        f"{r['gflops']:7.1f} GFLOP/s  peak RSS {r['peak_rss_mb']:6.0f} MiB "
+                        f"(+{r['peak_rss_mb'] - r['rss_before_training_mb']:.0f} in training)")
+    ratios = {}
+    for peer in ("keras_hub", "torch"):
+        if "tokens_per_s" in results.get("ours", {}) and "tokens_per_s" in results.get(peer, {}):
+            ratios[f"ours/{peer}"] = (results["ours"]["tokens_per_s"]
+                                      / results[peer]["tokens_per_s"])
+            common.progress(f"  tokens/s ours / {peer}: {ratios[f'ours/{peer}']:.2f}x")
+    return ratios
+
+
+def main(argv=None):
+    parser = make_parser()
     args = parser.parse_args(argv)
     if args.quick:
         args.config, args.steps, args.warmup, args.batch_size, args.length = "quick", 2, 1, 4, 8
@@ -165,22 +191,7 @@ def main(argv=None):
     for model in models:
         common.progress(f"training: {model} ({args.warmup} warm-up + {args.steps} timed steps)")
         results[model] = run_in_subprocess(args, model)
-    common.progress(f"training: FLOPs: {common.FLOP_FORMULA}")
-    common.progress("training: memory = peak RSS of each model's own process (ru_maxrss)")
-    for model, r in results.items():
-        if "error" in r:
-            common.progress(f"  {model:<10} {r['error']}")
-            continue
-        common.progress(f"  {model:<10} {r['params']:>11,} params  {r['tokens_per_s']:9.0f} "
-                        f"tokens/s  {r['median_step_s'] * 1e3:8.1f} ms/step  "
-                        f"{r['gflops']:7.1f} GFLOP/s  peak RSS {r['peak_rss_mb']:6.0f} MiB "
-                        f"(+{r['peak_rss_mb'] - r['rss_before_training_mb']:.0f} in training)")
-    ratios = {}
-    for peer in ("keras_hub", "torch"):
-        if "tokens_per_s" in results.get("ours", {}) and "tokens_per_s" in results.get(peer, {}):
-            ratios[f"ours/{peer}"] = (results["ours"]["tokens_per_s"]
-                                      / results[peer]["tokens_per_s"])
-            common.progress(f"  tokens/s ours / {peer}: {ratios[f'ours/{peer}']:.2f}x")
+    ratios = report(results)
     common.emit({
         "benchmark": "training", "backend": backend, "config": args.config,
         "sizes": common.SIZES[args.config], "batch_size": args.batch_size,

@@ -1,5 +1,10 @@
 """Shared fixtures and settings. Every test runs under the backend in KERAS_BACKEND.
 
+`@pytest.mark.once("jax")` (or a module's `pytestmark = pytest.mark.once("jax")`)
+marks a test whose subject does not depend on the backend: it runs in that
+backend's pass of the suite only, and the other passes leave it out
+(deselected, not skipped). The README's test command runs the three passes.
+
 Hypothesis runs with its default profile (random examples, an example
 database under .hypothesis/) on a workstation. In CI (the CI environment
 variable set, as CI does with CI=true; see `helpers.in_ci`) it runs the "ci"
@@ -24,6 +29,27 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, database=None, deadline=None,
                           print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if in_ci() else "default")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "once(backend): the test's subject does not depend on the backend; it "
+                   "runs in that backend's pass of the suite only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leaves out the tests marked `once` for another backend's pass."""
+    backend = keras.backend.backend()
+    kept, left_out = [], []
+    for item in items:
+        marker = item.get_closest_marker("once")
+        if marker is not None and marker.args[0] not in ("tensorflow", "jax", "torch"):
+            raise pytest.UsageError(f"{item.nodeid}: once() takes a backend, got "
+                                    f"{marker.args[0]!r}")
+        (left_out if marker is not None and marker.args[0] != backend else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

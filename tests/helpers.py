@@ -14,9 +14,13 @@
   corpora live.
 * `loopback_http` and `data_mirror`: a bounded HTTP server on 127.0.0.1, and
   the files of a `KERAS_TRANSFORMER_DATA_MIRROR` built from the shared corpora.
+* `built_once`: a folder built by one pytest-xdist worker of a pass and read by
+  the others (a trained model, an export), so that a heavy session fixture is
+  built once per pass, not once per worker.
 """
 
 import contextlib
+import fcntl
 import gzip
 import http.server
 import io
@@ -328,3 +332,29 @@ def data_mirror():
             archive.writestr("spa-eng/_about.txt", file.read())
     files[urllib.parse.urlsplit(remote.url).path] = buffer.getvalue()
     return files
+
+
+def built_once(tmp_path_factory, name, build):
+    """The folder `name`, built by `build(folder)` once for the whole pass.
+
+    pytest-xdist's workers of one run share the parent of their base
+    temporary folders: the first worker to get there builds the folder under a
+    lock while the others wait, then every worker reads it. `build` writes into the folder it
+    is given; a failed build leaves nothing behind, and the next worker tries
+    again.
+    """
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's base folder lies in the run's own folder.
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built_once"
+    shared.mkdir(exist_ok=True)
+    folder = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".complete").touch()
+    return folder

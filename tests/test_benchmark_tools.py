@@ -10,6 +10,9 @@ import types
 import pytest
 from helpers import REPOSITORY
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "RESULTS.md")
 
 

@@ -10,6 +10,9 @@ import pytest
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.config import TABLE3_VARIANT_NAMES, table3_variants
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 def test_base_preset_has_the_papers_values():
     c = TransformerConfig.base(vocab_size=37000)

@@ -17,6 +17,9 @@ from keras_transformer import evaluation
 from keras_transformer.evaluation import EvaluationResult, bleu_scores, evaluate, group_references
 from keras_transformer.inference import Hypothesis, Translation, Translator
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 class FixedTranslator:
     """Returns given translations, to check the scoring on known text."""

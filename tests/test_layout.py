@@ -9,12 +9,10 @@ import glob
 import os
 import re
 
-import keras
 import pytest
 from helpers import REPOSITORY
 
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
-                                reason="reads source files, not the backend: runs once")
+pytestmark = pytest.mark.once("jax")  # reads source files, not the backend
 
 PACKAGE = "keras_transformer"
 

@@ -16,9 +16,7 @@ from keras_transformer import logs
 
 # The command lines' start-up does not depend on the backend under test: the
 # tests that start a Python process run once, in the TensorFlow pass.
-once = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                          reason="backend-independent subprocess test; runs in the "
-                                 "tensorflow pass")
+once = pytest.mark.once("tensorflow")
 
 
 

@@ -11,6 +11,9 @@ from keras_transformer import plots
 from keras_transformer.inference import Translator
 from keras_transformer.plots import canvas
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 TOKENIZER = CharTokenizer()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

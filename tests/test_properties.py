@@ -40,7 +40,7 @@ def test_attention_gives_padding_keys_zero_weight(key_lengths, query_length, num
     value = rng.normal(size=(batch, width, 8)).astype("float32")
     mask = np.arange(width)[None, :] < np.array(key_lengths)[:, None]
     attention = cached(num_heads, lambda: MultiHeadAttention(num_heads=num_heads, key_dim=4))
-    _, weights = attention(query, value, key_padding_mask=mask, return_attention_scores=True)
+    weights = attention.attention_weights(query, value, key_padding_mask=mask)
     weights = to_numpy(weights)  # (batch, heads, T, S)
     assert np.all(weights[~np.broadcast_to(mask[:, None, None, :], weights.shape)] == 0.0)
     np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-5)

@@ -24,12 +24,10 @@ from keras_transformer.training.run import cooldown_steps
 from keras_transformer.training.vocabulary import learn_or_load_tokenizers
 from recipes import anki, average, multi30k, quickstart, table3, wmt14
 
-# What a test checks here does not depend on the backend (downloads, resuming
-# after a kill, the command lines' errors): it runs once, in the torch pass,
-# where a recipe's subprocess starts and trains fastest (no compilation).
-once = pytest.mark.skipif(keras.backend.backend() != "torch",
-                          reason="backend-independent recipe plumbing: runs in the torch pass "
-                                 "(the training loop runs on every backend in the smoke runs)")
+# The recipes are thin scripts over `run` (tests/training/test_run.py trains it on every
+# backend): their smoke runs, downloads, resuming after a kill and command-line errors run
+# once, in the torch pass, where a recipe trains fastest (no compilation).
+pytestmark = pytest.mark.once("torch")
 TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
               "--num-layers", "1", "--warmup-steps", "10", "--beam-size", "2", "--verbose", "0"]
 
@@ -129,7 +127,6 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
                          "--train-pairs", "200", "--test-pairs", "8", *TINY_MODEL])
 
 
-@once
 def test_validation_curve_and_alpha_tuning_use_the_validation_split(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     arguments = [
@@ -198,7 +195,6 @@ def mirrored_downloads(tmp_path, monkeypatch):
         yield lambda: monkeypatch.setenv(downloads.MIRROR_VARIABLE, "http://127.0.0.1:9")
 
 
-@once
 def test_multi30k_smoke_run_downloads_verifies_and_caches_the_real_files(
         tmp_path, mirrored_downloads, capsys):
     arguments = [
@@ -220,7 +216,6 @@ def test_multi30k_smoke_run_downloads_verifies_and_caches_the_real_files(
     assert "Downloading" not in capsys.readouterr().out
 
 
-@once
 def test_anki_smoke_run_downloads_and_reads_the_real_file(tmp_path, mirrored_downloads):
     results = anki.main([
         "--run-dir", str(tmp_path / "run"), "--train-limit", "300",
@@ -240,7 +235,6 @@ def test_anki_needs_data_for_a_language_it_does_not_download(capsys):
     assert "only English-Spanish is downloaded" in capsys.readouterr().err
 
 
-@once
 def test_table3_smoke_run_tabulates_the_variants_and_skips_finished_ones(tmp_path):
     data_dir = shared_data("multi30k")
     run_dir = tmp_path / "table3"
@@ -269,23 +263,19 @@ def test_table3_rejects_unknown_variants(capsys):
     assert "unknown variant(s) ['heads3']" in capsys.readouterr().err
 
 
+@pytest.mark.once("jax")  # JAX's DataParallel over two virtual devices
 def test_quickstart_trains_data_parallel(tmp_path):
     command = [sys.executable, "-m", "recipes.quickstart", "--run-dir", str(tmp_path / "run"),
                "--steps", "2", "--checkpoint-every", "2", "--train-pairs", "100",
                "--test-pairs", "4", "--no-export", "--distribute", "data", *TINY_MODEL]
-    # Two virtual CPU devices for JAX; TensorFlow's MirroredStrategy takes the one CPU.
+    # Two virtual CPU devices for JAX (torch's refusal and TensorFlow's strategy are
+    # tests/training/test_distribution.py's).
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     result = subprocess.run(command, cwd=REPOSITORY, env=env, capture_output=True, text=True,
                             timeout=600)
-    if keras.backend.backend() == "torch":
-        assert result.returncode == 2
-        assert "use KERAS_BACKEND=jax" in result.stderr.strip().splitlines()[-1]
-        return
     assert result.returncode == 0, result.stderr[-3000:]
-    expected = {"jax": "Devices: keras.distribution.DataParallel over 2 devices",
-                "tensorflow": "Devices: tf.distribute.MirroredStrategy over 1 replicas"}
-    assert expected[keras.backend.backend()] in result.stdout
+    assert "Devices: keras.distribution.DataParallel over 2 devices" in result.stdout
     assert os.path.exists(tmp_path / "run" / "results.json")
 
 
@@ -349,7 +339,6 @@ def test_a_cooldown_longer_than_the_run_is_refused(tmp_path):
                          *TINY_MODEL])
 
 
-@once
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL after the first checkpoint; the same command then finishes the run
     without repeating the windows that were saved."""
@@ -414,7 +403,6 @@ errors.guarded(quickstart.main, argv)
 """
 
 
-@once
 def test_a_run_killed_in_any_phase_finishes_with_the_same_command_without_training_again(
         tmp_path):
     """SIGKILL inside the final save, the averaging, the evaluation and the

@@ -12,6 +12,9 @@ import keras_transformer as kt
 from keras_transformer import run_files
 from keras_transformer.tokenizers import SubwordTokenizer
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 def tiny_model():
     return kt.Transformer(kt.TransformerConfig.tiny(vocab_size=40, num_layers=1))

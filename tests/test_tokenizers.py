@@ -8,6 +8,9 @@ from keras_transformer import tokenizers
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.tokenizers import SubwordTokenizer
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 TEXTS = [
     "A man rides a bike.", "Two dogs play in the snow!", "Ein Mann fährt Fahrrad.",
     "Zwei Hunde spielen im Schnee.", "A girl, wearing a red hat, smiles.",

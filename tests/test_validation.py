@@ -18,6 +18,9 @@ from keras_transformer.validation import (
     head_dims,
 )
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 @pytest.mark.parametrize("value", [1, 7, np.int32(3), np.int64(2**40)])
 def test_positive_int_accepts_python_and_numpy_integers_as_int(value):

@@ -16,6 +16,9 @@ from keras_transformer.data.corpora import (
     synthetic_translation,
 )
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 def write(path, lines, gz=False):
     opener = gzip.open if gz else open

@@ -14,6 +14,9 @@ from helpers import data_mirror, loopback_http, shared_data
 from keras_transformer.data import downloads
 from keras_transformer.data.corpora import load_multi30k, load_tatoeba
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 FILES = {"a.txt": b"ein Hund\n", "b.txt": b"a dog\n"}
 
 

@@ -28,10 +28,9 @@ from keras_transformer.tokenizers import SubwordTokenizer
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-jax_pass_only = pytest.mark.skipif(
-    keras.backend.backend() != "jax",
-    reason="the conversion reads weights only, so it is backend-independent: the heavy "
-           "tests run in the JAX pass")
+# The conversion reads weights only, so it is backend-independent: the heavy tests
+# run in the JAX pass.
+jax_pass_only = pytest.mark.once("jax")
 
 NUM_WORDS = 40
 

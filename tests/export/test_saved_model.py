@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import keras
 import numpy as np
 import pytest
 from helpers import REPOSITORY
@@ -44,9 +43,7 @@ print(json.dumps({
 
 # The server, saved_model_cli and a killed export do not depend on the backend
 # a model was trained under: they run once, in the TensorFlow-backend pass.
-tensorflow_pass = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="backend-independent: runs in the tensorflow pass of the suite")
+tensorflow_pass = pytest.mark.once("tensorflow")
 
 
 def test_versions_follow_the_tf_serving_layout(exported_greedy):

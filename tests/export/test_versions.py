@@ -6,6 +6,9 @@ import pytest
 
 from keras_transformer.export import versions
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 def test_versions_are_the_numeric_folders_in_order(tmp_path):
     for name in ("2", "10", "1", ".partial-3-1-x", "notes"):

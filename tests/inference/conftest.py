@@ -5,8 +5,10 @@ import types
 
 import keras
 import pytest
+from helpers import built_once
 
 import keras_transformer as kt
+from keras_transformer import run_files
 from keras_transformer.data.toy_tasks import ToyVocabulary, reverse_task
 
 
@@ -30,9 +32,10 @@ class _OneTorchThread:
 
 
 @pytest.fixture(scope="session")
-def reversal():
+def reversal(tmp_path_factory):
     """A tiny model trained on the toy reversal task (about 10 s on 2 CPU
-    cores): non-trivial outputs with clear margins, shared by the session.
+    cores, once per pass: `built_once`): non-trivial outputs with clear
+    margins, shared by the session.
 
     Attributes: `model`; `vocabulary`, the `ToyVocabulary` of its ids (special
     ids, then 6 words); `max_sentence_length` (5); and `held_out(n)`, which
@@ -40,24 +43,30 @@ def reversal():
     lists, EOS included).
     """
     vocabulary, max_sentence_length = ToyVocabulary(10), 5
-    keras.utils.set_random_seed(0)
-    config = kt.TransformerConfig.tiny(
-        vocab_size=vocabulary.vocab_size, d_model=64, d_ff=128, num_heads=4,
-        label_smoothing=0.0, max_length=16,
-    )
-    model = kt.Transformer(config)
-    inputs, labels = reverse_task(2048, vocabulary=vocabulary,
-                                  max_sentence_length=max_sentence_length, seed=1)
-    steps = 12 * len(labels) // 128
-    model.compile(
-        optimizer=keras.optimizers.Adam(
-            keras.optimizers.schedules.PolynomialDecay(5e-3, steps, 5e-4),
-            beta_1=0.9, beta_2=0.98, epsilon=1e-9,
-        ),
-        loss=kt.LabelSmoothedCrossEntropy(0.0),
-    )
-    with _OneTorchThread():
-        model.fit(inputs, labels, batch_size=128, epochs=12, verbose=0)
+
+    def train(folder):
+        keras.utils.set_random_seed(0)
+        config = kt.TransformerConfig.tiny(
+            vocab_size=vocabulary.vocab_size, d_model=64, d_ff=128, num_heads=4,
+            label_smoothing=0.0, max_length=16,
+        )
+        model = kt.Transformer(config)
+        inputs, labels = reverse_task(2048, vocabulary=vocabulary,
+                                      max_sentence_length=max_sentence_length, seed=1)
+        steps = 12 * len(labels) // 128
+        model.compile(
+            optimizer=keras.optimizers.Adam(
+                keras.optimizers.schedules.PolynomialDecay(5e-3, steps, 5e-4),
+                beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+            ),
+            loss=kt.LabelSmoothedCrossEntropy(0.0),
+        )
+        with _OneTorchThread():
+            model.fit(inputs, labels, batch_size=128, epochs=12, verbose=0)
+        run_files.save_model(model, folder / "model.keras")
+
+    folder = built_once(tmp_path_factory, "reversal", train)
+    model = run_files.load_model(folder / "model.keras")
 
     def held_out(num_examples=128):
         inputs, labels = reverse_task(num_examples, vocabulary=vocabulary,

@@ -10,15 +10,12 @@ the suite; every wait is on an event, with a timeout.
 
 import threading
 
-import keras
 import pytest
 
 from keras_transformer.serving import BatchingParameters, BatchScheduler
 from keras_transformer.serving.batching import QueueFullError
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="backend-independent: runs in the tensorflow pass of the suite")
+pytestmark = pytest.mark.once("tensorflow")  # backend-independent
 
 TIMEOUT = 60.0  # any one wait, generous for a shared, loaded machine
 

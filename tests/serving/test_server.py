@@ -40,9 +40,7 @@ from keras_transformer.serving import (
 )
 from keras_transformer.serving.batching import QueueFullError
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="backend-independent: runs in the tensorflow pass of the suite")
+pytestmark = pytest.mark.once("tensorflow")  # backend-independent
 
 HOST = "127.0.0.1"
 NAME = "tiny"

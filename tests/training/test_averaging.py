@@ -7,6 +7,9 @@ from helpers import tiny_model, to_numpy
 
 from keras_transformer.training.averaging import average_checkpoints
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 def test_average_of_two_checkpoints_is_their_elementwise_mean(tmp_path):
     first, second = tiny_model(12), tiny_model(12)

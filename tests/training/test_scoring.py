@@ -14,6 +14,9 @@ from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.inference import Hypothesis, Translation
 from keras_transformer.training import scoring
 
+# What is tested here does not depend on the backend: it runs in one pass.
+pytestmark = pytest.mark.once("torch")
+
 
 class LookupTranslator:
     """Translates by table: `table[alpha][source]` (or `table[None]` for any α), so

@@ -57,6 +57,16 @@ VOCABULARY = ToyVocabulary(SIZES["quick"]["vocab_size"])
 PAD_ID, BOS_ID, EOS_ID = VOCABULARY.pad_id, VOCABULARY.bos_id, VOCABULARY.eos_id
 
 
+def run_script(main):
+    """Runs a script's `main` as the process it owns, as the project's command lines
+    run: native log lines hidden (`--native-logs` shows them), Ctrl-C and SIGTERM
+    ending it quietly, a mistake one `error:` line (`keras_transformer.cli.errors`)."""
+    from keras_transformer.cli import errors
+
+    with errors.command_line():
+        return main()
+
+
 def argument_parser(doc):
     """The command-line parser of a benchmark script: the first paragraph of its
     docstring `doc` is the description, the last (its example commands) the epilog."""

@@ -153,8 +153,8 @@ def self_timed(elapsed, result):
     return elapsed, result
 
 
-def parse_args(argv=None):
-    """The options (tiny sizes with --quick) and the lengths to decode, sorted."""
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--config", choices=tuple(common.SIZES), default="default",
                         help="model size (default: d_model 256, 4 heads, d_ff 1024, N=3)")
@@ -174,6 +174,12 @@ def parse_args(argv=None):
                         help="also the exported SavedModel's translate_ids (exported per length)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes to check that the script runs (figures meaningless)")
+    return parser
+
+
+def parse_args(argv=None):
+    """The options (tiny sizes with --quick) and the lengths to decode, sorted."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.quick:
         args.config, args.lengths, args.batch_size, args.source_length = "quick", "4,8", 2, 6
@@ -416,4 +422,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -225,9 +225,8 @@ def window_figures(args, config, batch_size, target_tokens, seconds, losses):
     }
 
 
-def parse_args(argv=None):
-    """The options, checked (tiny sizes with --quick): (args, the id counts of
-    --id-frequencies or None, the peer modes)."""
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     add_run_options(parser)
     parser.add_argument("--peers", default="", metavar="MODES",
@@ -242,6 +241,13 @@ def parse_args(argv=None):
                         help="also report which kernel ran the attention (see above)")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="after fit, profile STEPS train_on_batch steps (see profile_steps)")
+    return parser
+
+
+def parse_args(argv=None):
+    """The options, checked (tiny sizes with --quick): (args, the id counts of
+    --id-frequencies or None, the peer modes)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     frequencies = check_run_options(parser, args)
     if args.profile < 0:
@@ -416,4 +422,4 @@ def run_peers(args, modes):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -34,11 +34,17 @@ import peers
 MODES = ("eager", "compile")
 
 
-def parse_args(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--mode", choices=MODES, default="eager",
                         help="eager PyTorch, or the loss function under torch.compile")
     gpu.add_run_options(parser)
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     return args, gpu.check_run_options(parser, args)
 
@@ -148,4 +154,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -21,12 +21,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: F401  puts the repository on sys.path
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--data-dir", required=True,
                         help="Multi30k folder (train.de, train.en, ...; .gz ok)")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--output", required=True, help="the .npy file to write")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     from keras_transformer.data.corpora import load_multi30k
@@ -50,4 +56,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -83,7 +83,8 @@ def available(library):
         return False
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--size", type=int, default=2048, help="n of the square n×n product")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls (median)")
@@ -92,6 +93,11 @@ def main(argv=None):
                         help=f"comma-separated subset of {','.join(LIBRARIES)}")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes to check that the script runs (figures meaningless)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     libraries = [name.strip() for name in args.libraries.split(",") if name.strip()]
     unknown = sorted(set(libraries) - set(LIBRARIES))
@@ -139,4 +145,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

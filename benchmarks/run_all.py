@@ -307,7 +307,8 @@ def _kept_sections(path):
     return "".join("\n" + section.rstrip("\n") + "\n" for section in kept)
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated subset of tensorflow,jax,torch")
@@ -319,6 +320,11 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and 2 steps, only to check the scripts; needs an "
                              "--output other than benchmarks/RESULTS.md")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if sorted(set(backends) - set(BACKENDS)):
@@ -360,4 +366,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -278,9 +278,8 @@ def git_commit():
     return commit
 
 
-def parse_args(argv=None):
-    """The options, checked (small counts with --quick), with the load table's
-    concurrencies and the requests at which the RSS is read."""
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--saved-model", default="saved_models/quickstart",
                         help="base path served (default: saved_models/quickstart)")
@@ -307,6 +306,13 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="small counts, two batch sizes and widths (figures meaningless)")
     parser.add_argument("--output", help="also write the figures to this JSON file")
+    return parser
+
+
+def parse_args(argv=None):
+    """The options, checked (small counts with --quick), with the load table's
+    concurrencies and the requests at which the RSS is read."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.concurrency = CONCURRENCY
     args.rss_marks = (1000, 5000)
@@ -390,4 +396,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -116,7 +116,7 @@ def run_in_subprocess(args, model):
     return json.loads(lines[-1])
 
 
-def make_parser():
+def build_parser():
     """The command-line options, with the hidden ones of a model's own subprocess."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--config", choices=tuple(common.SIZES), default="default",
@@ -166,7 +166,7 @@ def report(results):
 
 
 def main(argv=None):
-    parser = make_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.quick:
         args.config, args.steps, args.warmup, args.batch_size, args.length = "quick", 2, 1, 4, 8
@@ -204,4 +204,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

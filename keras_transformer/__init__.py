@@ -1,15 +1,25 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" in Keras 3.
 
 Runs unchanged on the TensorFlow, JAX and PyTorch backends (`KERAS_BACKEND`).
+
+Importing the package loads Keras and registers the package's layers, model, loss
+and schedule with Keras's serialization, so that `keras.saving.load_model` loads a
+saved model. It changes nothing else in the program that imports it: it sets no
+environment variable, log level, warning filter, signal handler or import hook
+(`tests/test_imports.py`). Quieting native log lines is left to the command lines,
+which own their process (`keras_transformer.logs`: a process started as one of them
+is quieted here, before Keras loads). A Ctrl-C that comes while the
+package loads Keras and the backend is held back until they are loaded, so that
+it ends the program cleanly after the import rather than inside a library's
+start-up.
 """
 
 import os
 
-from keras_transformer.logs import hide_native_logs
+from keras_transformer.backend import check_backend_name
+from keras_transformer.logs import quiet_if_a_command_line, signals_deferred
 
-hide_native_logs()  # before Keras loads TensorFlow: see keras_transformer.logs
-
-from keras_transformer.backend import check_backend_name  # noqa: E402
+quiet_if_a_command_line()  # before Keras loads TensorFlow: only in our own command lines
 
 __version__ = "0.1.0"
 
@@ -34,12 +44,13 @@ except ValueError as _backend_error:
             raise ValueError(str(_error)) from None
         raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
 else:
-    from keras_transformer import layers
-    from keras_transformer.config import TransformerConfig
-    from keras_transformer.model import Transformer
-    from keras_transformer.training import (
-        LabelSmoothedCrossEntropy,
-        MaskedTokenAccuracy,
-        NoamSchedule,
-        paper_adam,
-    )
+    with signals_deferred():
+        from keras_transformer import layers
+        from keras_transformer.config import TransformerConfig
+        from keras_transformer.model import Transformer
+        from keras_transformer.training import (
+            LabelSmoothedCrossEntropy,
+            MaskedTokenAccuracy,
+            NoamSchedule,
+            paper_adam,
+        )

@@ -4,25 +4,26 @@ TensorFlow and the libraries it loads write C++ log lines to stderr when they st
 (`cudart_stub`, `cpu_feature_guard`, "All log messages before absl::InitializeLog() is
 called are written to STDERR", and on a machine without a GPU an error-level
 `failed call to cuInit`), under every Keras backend, since the tokenizers and the data
-pipeline use TensorFlow. `TF_CPP_MIN_LOG_LEVEL` hides TensorFlow's own lines only if it
-is set before TensorFlow loads, and absl writes its first lines before any level
-applies. So `hide_native_logs`, which the package's `__init__` calls before Keras
-loads, puts an import hook in place: when the package's code (Keras's TensorFlow
-backend, a tokenizer, the data pipeline, export) imports TensorFlow first, the hook
-sets the levels (keeping any the user set), then loads TensorFlow and its device
-plugins with file descriptor 2 set aside, and shows what was set aside only if loading
-fails. A program that imports TensorFlow itself, before or after the package, gets
-TensorFlow's lines as usual. SentencePiece's trainer logs too; `hidden_native_lines`
-sets it aside the same way.
+pipeline use TensorFlow. SentencePiece's trainer writes hundreds of lines too.
 
-`KERAS_TRANSFORMER_NATIVE_LOGS=1`, or `--native-logs` given to one of the project's
-command lines (`keras-transformer`, `python -m recipes.NAME`, the scripts of
-`benchmarks/`), shows every line.
+Hiding them changes the process, so the library never does it: importing and using
+it leaves TensorFlow's log level, stderr and the import system as they are. The
+project's own command lines (`keras-transformer`, `python -m recipes.NAME`, the
+scripts of `benchmarks/`) own their process and call `quiet_native_logs` before
+anything loads TensorFlow: in the package's `__init__`, which loads Keras (and with
+TensorFlow's backend, TensorFlow), when `started_as_command_line` recognises the
+process as one of them, and again when their code starts. That sets
+`TF_CPP_MIN_LOG_LEVEL=3` and `GRPC_VERBOSITY=ERROR` (keeping any value the user set),
+puts an import hook in place that loads TensorFlow and its device plugins with file
+descriptor 2 set aside (absl writes its first lines before any level applies) and
+shows what was set aside only if loading fails, and lets `hidden_native_lines` set
+SentencePiece's trainer lines aside the same way. `KERAS_TRANSFORMER_NATIVE_LOGS=1`,
+or `--native-logs` given to one of the command lines, shows every line instead.
 
-The command lines also call `progress_bars_on_stderr`: Keras draws its progress bars
-on stdout with colour codes and backspaces, which would land in a redirected
-`> out.txt`; there they go to stderr, and only when stderr is a terminal. And
-`quiet_python_warnings` shows each of sacreBLEU's warnings once per process (it repeats
+The command lines also draw Keras's progress bars on stderr (`progress_bars_on_stderr`):
+Keras draws them on stdout with colour codes and backspaces, which would land in a
+redirected `> out.txt`; there they go to stderr, and only when stderr is a terminal.
+And sacreBLEU's warnings show once per process (`quiet_python_warnings`: it repeats
 them for every score).
 """
 
@@ -32,19 +33,46 @@ import importlib.util
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 
 NATIVE_LOGS_VARIABLE = "KERAS_TRANSFORMER_NATIVE_LOGS"
 NATIVE_LOGS_FLAG = "--native-logs"
-_PACKAGE = __name__.rsplit(".", 1)[0]
 _REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Whether this process's command line quiets the native logs (`quiet_native_logs`).
+_QUIET = False
 
 
 def native_logs_requested():
     """Whether `KERAS_TRANSFORMER_NATIVE_LOGS` asks for the native logs."""
     return os.environ.get(NATIVE_LOGS_VARIABLE, "").strip().lower() not in (
         "", "0", "false", "no")
+
+
+def quiet_native_logs(native_logs=False):
+    """What a command line does first, before anything loads TensorFlow: hides the
+    native libraries' log lines for the rest of the process, unless `native_logs`
+    (its `--native-logs`) or `KERAS_TRANSFORMER_NATIVE_LOGS` asks for them, and
+    quiets Python's warnings that do not concern its user. Only for a process the
+    command line owns: a library must not call it."""
+    global _QUIET
+    quiet_python_warnings()
+    if native_logs:
+        # The processes it starts (the export's TensorFlow process) show them too.
+        os.environ[NATIVE_LOGS_VARIABLE] = "1"
+    if native_logs_requested():
+        _QUIET = False
+        sys.meta_path[:] = [finder for finder in sys.meta_path
+                            if not isinstance(finder, _QuietTensorFlowImport)]
+        return
+    _QUIET = True
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if "tensorflow" not in sys.modules and not any(
+            isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
 
 
 def started_as_command_line(argv=None, orig_argv=None, modules=None):
@@ -83,45 +111,32 @@ def _repository_folder(folder):
     return os.path.realpath(os.path.join(_REPOSITORY, folder))
 
 
-def hide_native_logs(argv=None):
-    """Hides TensorFlow's native log lines for the process from the moment the
-    package's code loads TensorFlow, unless `KERAS_TRANSFORMER_NATIVE_LOGS` or a
-    command line's `--native-logs` asks for them. The package's `__init__` calls
-    it before it imports Keras."""
-    argv = sys.argv if argv is None else argv
-    if NATIVE_LOGS_FLAG in argv[1:] and started_as_command_line(argv):
-        show_native_logs()
-    if native_logs_requested() or "tensorflow" in sys.modules:
-        return
-    if not any(isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _QuietTensorFlowImport())
+def quiet_if_a_command_line():
+    """What the package's `__init__` does before it loads Keras: when this process
+    is one of the project's command lines (`started_as_command_line`), whose own
+    code quiets the native logs later, it quiets them now, as TensorFlow's backend
+    loads with Keras, and ends the process quietly on SIGINT (status 130) or SIGTERM
+    (143) until the command installs its own handlers (nothing has begun that could
+    be lost); in any other process, nothing."""
+    if started_as_command_line():
+        quiet_native_logs(NATIVE_LOGS_FLAG in sys.argv[1:])
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(number, _exit_while_starting)
 
 
-def show_native_logs():
-    """Shows every native log line from now on (`--native-logs`), in this process and
-    in the processes it starts (the export's TensorFlow process)."""
-    os.environ[NATIVE_LOGS_VARIABLE] = "1"
-    sys.meta_path[:] = [finder for finder in sys.meta_path
-                        if not isinstance(finder, _QuietTensorFlowImport)]
-
-
-def quiet_native_logs(native_logs=False):
-    """What a command line does once its options are read: shows the native logs if
-    `native_logs` (its `--native-logs`), and quiets Python's warnings that do not
-    concern its user."""
-    if native_logs:
-        show_native_logs()
-    quiet_python_warnings()
+def _exit_while_starting(number, frame):
+    """A signal during a command line's start-up: the shell's status, no traceback."""
+    os._exit(128 + number)
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
-    """An import hook that loads TensorFlow quietly when the package imports it."""
+    """An import hook that loads TensorFlow with stderr set aside (a command line's)."""
 
     _searching = False
 
     def find_spec(self, name, path=None, target=None):
-        if (name != "tensorflow" or self._searching or native_logs_requested()
-                or not _imported_by_package()):
+        if name != "tensorflow" or self._searching:
             return None
         self._searching = True  # the search below asks every finder, this one too
         try:
@@ -133,19 +148,8 @@ class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _imported_by_package():
-    """Whether one of the calls on the stack is the package's own code."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if (module == _PACKAGE or module.startswith(_PACKAGE + ".")) and module != __name__:
-            return True
-        frame = frame.f_back
-    return False
-
-
 class _QuietLoader(importlib.abc.Loader):
-    """TensorFlow's own loader, run with the log levels set and stderr set aside."""
+    """TensorFlow's own loader, run with stderr set aside and Ctrl-C deferred."""
 
     def __init__(self, loader, finder):
         self.loader, self.finder = loader, finder
@@ -156,10 +160,8 @@ class _QuietLoader(importlib.abc.Loader):
     def exec_module(self, module):
         # Once loading, never again (a search alone, `find_spec`, loads nothing).
         sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not self.finder]
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
         try:
-            with stderr_set_aside():
+            with signals_deferred(), stderr_set_aside():
                 self.loader.exec_module(module)
                 module.config.list_physical_devices()  # the device plugins log too
         finally:
@@ -168,10 +170,28 @@ class _QuietLoader(importlib.abc.Loader):
 
 
 @contextlib.contextmanager
+def signals_deferred():
+    """Holds back SIGINT and SIGTERM in the main thread (and the threads it starts)
+    while the block runs: one that arrives meanwhile is delivered when the block
+    ends. A command line loads TensorFlow this way, so that Ctrl-C during its
+    import ends the command cleanly after it instead of inside its C++ start-up."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+            signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
 def hidden_native_lines(tail_bytes=None):
-    """`stderr_set_aside(tail_bytes)` unless the native logs are asked for: for a
-    native library that logs while it works (SentencePiece's trainer)."""
-    if native_logs_requested():
+    """`stderr_set_aside(tail_bytes)` in a command line that quiets the native logs
+    (`quiet_native_logs`), for a native library that logs while it works
+    (SentencePiece's trainer); nothing anywhere else."""
+    if not _QUIET or native_logs_requested():
         yield
         return
     with stderr_set_aside(tail_bytes):

@@ -12,28 +12,34 @@ languages need `--data` (files from www.manythings.org/anki). The run itself is
 """
 
 from keras_transformer.cli import errors, recipe
+from keras_transformer.cli.options import path, rate, text
 
 DEFAULTS = dict(preset="small", vocab_size=8000, max_sentence_length=48, tokens_per_batch=4096,
                 epochs=5.0, checkpoint_every=1000, warmup_steps=1000)
 
 
-def main(argv=None):
+def build_parser():
     parser = recipe.build_parser(
         "anki", "Train a Transformer on Tatoeba/Anki sentence pairs.", DEFAULTS,
         run_dir="runs/anki-DIRECTION")
-    parser.add_argument("--data",
+    parser.add_argument("--data", type=path("file"),
                         help="tab-separated 'English<TAB>translation' file, optionally gzipped "
                              "(default for --language es: download spa-eng.zip into the Keras "
                              "cache on first use)")
-    parser.add_argument("--language", default="es",
+    parser.add_argument("--language", default="es", type=text,
                         help="code of the file's second language (es for spa-eng, fr for fra-eng)")
-    parser.add_argument("--direction", default=None,
+    parser.add_argument("--direction", default=None, type=text,
                         help="en-XX or XX-en with XX = --language (default: en-XX)")
-    parser.add_argument("--validation-fraction", type=float, default=0.05,
+    parser.add_argument("--validation-fraction", type=rate, default=0.05,
                         help="share of English sentences held out for validation")
-    parser.add_argument("--test-fraction", type=float, default=0.05,
+    parser.add_argument("--test-fraction", type=rate, default=0.05,
                         help="share of English sentences held out for testing")
     recipe.add(parser, "train_limit")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.data is None and args.language != "es":
         parser.error(f"only English-Spanish is downloaded; for --language {args.language} "
@@ -51,7 +57,7 @@ def main(argv=None):
                           validation_fraction=args.validation_fraction,
                           test_fraction=args.test_fraction, seed=args.seed)
     splits["train"] = first_pairs(splits["train"], args.train_limit)
-    return run(splits, recipe.model_config(args), options)
+    return run(splits, recipe.model_config(args, argv), options)
 
 
 if __name__ == "__main__":

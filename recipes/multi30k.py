@@ -20,6 +20,7 @@ averaged, and the length penalty α picked on the validation split from 0.8, 1.0
 """
 
 from keras_transformer.cli import errors, recipe
+from keras_transformer.cli.options import path
 
 DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=True,
                 max_sentence_length=64, tokens_per_batch=2048, bucket_width=4,
@@ -32,7 +33,7 @@ def add_data_options(parser):
     """--direction, --data-dir and --train-limit (also recipes/table3.py's)."""
     parser.add_argument("--direction", choices=("de-en", "en-de"), default="de-en",
                         help="translation direction")
-    parser.add_argument("--data-dir",
+    parser.add_argument("--data-dir", type=path("folder"),
                         help="folder with train.{de,en}[.gz], val.*, test_2016_flickr.* "
                              "(default: download them into the Keras cache on first use)")
     recipe.add(parser, "train_limit")
@@ -75,7 +76,7 @@ def main(argv=None):
     options = recipe.run_options(parser, args, name, run_dir=f"runs/{name}")
     from keras_transformer.training.run import run
 
-    return run(load_splits(args), recipe.model_config(args), options)
+    return run(load_splits(args), recipe.model_config(args, argv), options)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 `model.fit` on the embedded synthetic translation task, in a few minutes on a 2-core CPU.
 
 The task (`keras_transformer.data.corpora.synthetic_translation`) is a made-up
-language pair: 132 source words, a one-to-one dictionary, and a target word order
+language pair: 120 source words, a one-to-one dictionary, and a target word order
 that reverses the source, so every output word must attend to a different source
 position. The recipe learns a SentencePiece vocabulary, trains, saves
 `runs/quickstart/model.keras` with its tokenizer, reports exact-match accuracy and
@@ -27,13 +27,18 @@ DEFAULTS = dict(
 )
 
 
-def main(argv=None):
+def build_parser():
     parser = recipe.build_parser(
         "quickstart", "Train a small Transformer on the synthetic translation task.", DEFAULTS)
     parser.add_argument("--train-pairs", type=positive_int, default=20000,
                         help="synthetic training pairs")
     parser.add_argument("--test-pairs", type=positive_int, default=500,
                         help="synthetic held-out pairs (validation and test each)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     options = recipe.run_options(parser, args, "quickstart")
     from keras_transformer.data.corpora import synthetic_translation
@@ -44,7 +49,7 @@ def main(argv=None):
         "validation": synthetic_translation(args.test_pairs, seed=args.seed + 2),
         "test": synthetic_translation(args.test_pairs, seed=args.seed + 3),
     }
-    return run(splits, recipe.model_config(args), options)
+    return run(splits, recipe.model_config(args, argv), options)
 
 
 if __name__ == "__main__":

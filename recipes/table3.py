@@ -22,7 +22,7 @@ import argparse
 import os
 
 from keras_transformer.cli import errors, options, recipe
-from keras_transformer.cli.options import positive_float, positive_int
+from keras_transformer.cli.options import positive_float, positive_int, text
 from keras_transformer.config import TABLE3_VARIANT_NAMES, table3_variants
 from recipes import multi30k
 
@@ -44,7 +44,7 @@ def build_parser():
         description="Train the Table 3 variants on Multi30k under a time budget each and "
                     "tabulate dev perplexity and BLEU.",
         formatter_class=recipe.HelpFormatter)
-    parser.add_argument("--variants", default=",".join(TABLE3_VARIANT_NAMES),
+    parser.add_argument("--variants", default=",".join(TABLE3_VARIANT_NAMES), type=text,
                         help=f"comma-separated subset of: {', '.join(TABLE3_VARIANT_NAMES)} "
                              "(default: all of them)")
     parser.add_argument("--minutes", type=positive_float, default=8.0,
@@ -63,20 +63,19 @@ def build_parser():
     for name in ("num_layers", "d_model", "num_heads", "d_ff"):
         recipe.add(base, name)
     parser.set_defaults(**DEFAULTS)
+    errors.name_options_of(parser)
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    options.check_paths(parser, args)
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
     unknown = [name for name in names if name not in TABLE3_VARIANT_NAMES]
     if unknown or not names:
         parser.error(f"unknown variant(s) {unknown}: choose from "
                      f"{', '.join(TABLE3_VARIANT_NAMES)}")
-    from keras_transformer import logs
-
-    logs.quiet_native_logs(args.native_logs)
     import keras
 
     from keras_transformer import TransformerConfig, plots, run_files

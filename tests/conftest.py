@@ -33,6 +33,9 @@ settings.load_profile("ci" if in_ci() else "default")
 
 def pytest_configure(config):
     config.addinivalue_line(
+        "markers", "xla: trains with XLA under TensorFlow, as the library chooses (the other "
+                   "tests train without it: see _tensorflow_trains_without_xla_unless_asked)")
+    config.addinivalue_line(
         "markers", "once(backend): the test's subject does not depend on the backend; it "
                    "runs in that backend's pass of the suite only")
 
@@ -66,3 +69,18 @@ def _fresh_keras_state():
 def pytest_report_header(config):
     header = f"keras {keras.__version__}, backend {keras.backend.backend()}"
     return header + (", hypothesis profile ci" if in_ci() else "")
+
+
+
+@pytest.fixture(autouse=True)
+def _tensorflow_trains_without_xla_unless_asked(request, monkeypatch):
+    """Under TensorFlow on a CPU, `Transformer.compile` turns XLA on, and XLA compiles
+    every batch shape for seconds: most tests train a few steps, where that would be
+    most of their time. They train without it; a test of the XLA path itself is marked
+    `@pytest.mark.xla` (and the recipes' processes, the docs' snippets and the
+    benchmarks keep the library's choice)."""
+    if keras.backend.backend() == "tensorflow" and request.node.get_closest_marker("xla") is None:
+        from keras_transformer import backend
+
+        monkeypatch.setattr(backend, "use_xla_for_training", lambda model: False)
+    yield

@@ -10,7 +10,8 @@
   tokenizer/ beside it), of an untrained one-block model.
 * `CharTokenizer`: one id per character, with the special ids of the
   project's `SubwordTokenizer` (pad 0, unk 1, bos 2, eos 3).
-* `in_ci` and `shared_data`: whether this is a CI run, and where the shared
+* `in_ci`, `require` and `shared_data`: whether this is a CI run, an optional
+  module CI must have, and where the shared
   corpora live.
 * `loopback_http` and `data_mirror`: a bounded HTTP server on 127.0.0.1, and
   the files of a `KERAS_TRANSFORMER_DATA_MIRROR` built from the shared corpora.
@@ -23,6 +24,7 @@ import contextlib
 import fcntl
 import gzip
 import http.server
+import importlib
 import io
 import os
 import threading
@@ -259,6 +261,15 @@ def in_ci():
     """Whether the tests run in CI (the CI environment variable is set, and not
     to "0" or "false")."""
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require(module):
+    """The module `module`, imported; a test that needs it skips when it is not
+    installed, except in CI, where `.ci/run` installs every extra and a missing
+    module fails."""
+    if in_ci():
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
 
 
 def shared_data(*parts):

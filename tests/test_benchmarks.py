@@ -72,8 +72,7 @@ def test_copy_batches_draw_real_ids_by_their_counts(gpu):
     assert share == pytest.approx(800 / 900, abs=0.03)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax",
-                    reason="tokenization does not depend on the backend: runs once")
+@pytest.mark.once("jax")  # tokenization does not depend on the backend
 def test_id_frequencies_counts_the_ids_of_a_tokenized_corpus(tmp_path, capsys):
     from keras_transformer.tokenizers import SubwordTokenizer
 
@@ -96,18 +95,19 @@ def test_id_frequencies_counts_the_ids_of_a_tokenized_corpus(tmp_path, capsys):
     np.testing.assert_array_equal(counts, expected)
 
 
-# One fit per pass, each in the precision its backend's path is checked in:
-# float16 with loss scaling under JAX, bfloat16 under TensorFlow and torch.
-PRECISION = {"jax": "mixed_float16"}.get(keras.backend.backend(), "mixed_bfloat16")
+# The GPU script's CPU run: once, in the JAX pass, in float16 with loss scaling; the torch
+# pass runs it in bfloat16 with its peer (test_the_peer_trains_the_same_model_on_the_same_batches).
+PRECISION = "mixed_float16"
 
 
+@pytest.mark.once("jax")
 def test_gpu_script_trains_with_fit_and_reports_on_a_cpu(gpu, capsys):
     import keras_transformer as kt
 
     gpu.main(["--quick", "--allow-cpu", "--check-attention", "--precision", PRECISION])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["benchmark"] == "gpu" and not result["skipped"]
-    assert result["backend"] == keras.backend.backend() and result["precision"] == PRECISION
+    assert result["backend"] == "jax" and result["precision"] == PRECISION
     assert len(result["window_losses"]) == result["steps"] // result["window"] == 3
     # The copy task is learnable: the loss falls over the six steps.
     assert result["loss_finite"] and result["loss_decreased"]
@@ -120,19 +120,20 @@ def test_gpu_script_trains_with_fit_and_reports_on_a_cpu(gpu, capsys):
     assert scaled is (PRECISION == "mixed_float16")  # Keras scales the loss for float16
     assert result["skipped_steps"] == 0  # no gradient of this run overflows
     attention = result["attention"]
-    if keras.backend.backend() == "torch":
-        # torch's CPU kernel for scaled_dot_product_attention is a fused one too.
-        assert attention["fused"] and any("scaled_dot_product" in name
-                                          for name in attention["fused_calls"])
-    else:  # no cuDNN on a CPU (JAX); no fused kernel in Keras (TensorFlow)
-        assert not attention["fused"] and attention["fused_calls"] == {}
+    assert not attention["fused"] and attention["fused_calls"] == {}  # no cuDNN on a CPU
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch",
                     reason="the peer is plain PyTorch: runs in the torch pass")
 def test_the_peer_trains_the_same_model_on_the_same_batches(gpu, capsys):
-    gpu.main(["--quick", "--allow-cpu", "--peers", "eager"])
+    gpu.main(["--quick", "--allow-cpu", "--peers", "eager", "--check-attention",
+              "--profile", "2"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # torch's CPU kernel for scaled_dot_product_attention is a fused one too.
+    attention = result["attention"]
+    assert attention["fused"] and any("scaled_dot_product" in name
+                                      for name in attention["fused_calls"])
+    assert set(result["profile"]["timelines"]) == {"top-level CPU operators"}
     peer = result["peers"]["eager"]
     assert peer["benchmark"] == "gpu_peer" and peer["mode"] == "eager" and not peer["skipped"]
     for key in ("batch_size", "length", "target_tokens_per_step", "steps", "window",
@@ -144,24 +145,19 @@ def test_the_peer_trains_the_same_model_on_the_same_batches(gpu, capsys):
     assert peer["ours_over_peer"] == pytest.approx(result["tokens_per_s"] / peer["tokens_per_s"])
 
 
+@pytest.mark.once("jax")
 def test_gpu_script_profiles_steps(gpu, capsys):
     gpu.main(["--quick", "--allow-cpu", "--profile", "2"])
     profile = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["profile"]
     assert profile["steps"] == 2
-    if keras.backend.backend() == "tensorflow":
-        assert profile["tool"] == "none"
-        return
     assert profile["wall_ms"] > 0 and not profile["device_planes"]  # a CPU: no GPU timeline
     timelines = profile["timelines"].values()
     assert timelines and all(t["events"] >= len(t["top"]) > 0 for t in timelines)
     for timeline in timelines:
         times = [ms for _, _, ms in timeline["top"]]
         assert times == sorted(times, reverse=True) and all(c >= 1 for _, c, _ in timeline["top"])
-    names = set(profile["timelines"])
-    if keras.backend.backend() == "torch":
-        assert names == {"top-level CPU operators"}
-    else:  # JAX: the lines of the host's plane
-        assert all(name.startswith("/host:CPU ") for name in names)
+    # JAX: the lines of the host's plane.
+    assert all(name.startswith("/host:CPU ") for name in profile["timelines"])
 
 
 def test_gpu_script_refuses_bad_arguments(gpu):
@@ -173,8 +169,7 @@ def test_gpu_script_refuses_bad_arguments(gpu):
         assert error.value.code == 2, argv
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax",
-                    reason="the script's flow does not depend on the backend: runs once")
+@pytest.mark.once("jax")  # the script's flow does not depend on the backend
 def test_gpu_script_skips_without_a_gpu(gpu, capsys):
     gpu.main(["--quick"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

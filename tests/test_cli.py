@@ -34,12 +34,15 @@ def loaded(run_dir):
 
 
 @pytest.fixture
-def command_line(loaded, monkeypatch):
-    """Runs `cli.main` with the loaded model (whatever MODEL it is given) and
-    `stdin` (text or a stream) as standard input; returns (stdout, stderr)."""
+def command_line(loaded, monkeypatch, tmp_path):
+    """Runs `cli.main` with the loaded model (whatever MODEL it is given, "run"
+    for one) and `stdin` (text or a stream) as standard input; returns (stdout,
+    stderr)."""
     model, tokenizer = loaded
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path)
 
-    def translator(path, max_source_length=None):
+    def translator(path, max_source_length=None, compute_type="default", intra_threads=0):
         return Translator(model, tokenizer, max_source_length=max_source_length)
 
     monkeypatch.setattr(commands, "load_translator", translator)
@@ -280,7 +283,10 @@ def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
         cli.main(["translate", str(tmp_path / "missing.keras"), "hello"])
     assert exit_info.value.code == 2
     missing = str(tmp_path / 'missing.keras')
-    assert capsys.readouterr().err.strip() == f"error: No model at {missing!r}."
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage: keras-transformer translate")
+    assert err[-1] == ("keras-transformer translate: error: argument model: "
+                       f"{missing!r} does not exist")
     broken = tmp_path / "broken.keras"
     broken.write_bytes(b"not a zip")
     os.makedirs(tmp_path / "tokenizer")
@@ -292,22 +298,27 @@ def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
     assert exit_info.value.code == 2
 
 
-# The command line: one line on stderr, non-zero exit, no traceback.
-@pytest.mark.parametrize("argv, message", [
-    (["translate", "no/such/run", "hallo"], "error: No model at 'no/such/run'."),
-    (["evaluate", "no/such/run", "--source", "a.de", "--reference", "b"],
-     "error: No such file: 'a.de'."),
-    (["average", "no-such-checkpoint.keras"], "error: "),
-    (["serve", "no/such/dir"], "error: No SavedModel directory"),
-    (["translate", "no/such/run", "--n-best", "5"],
-     "error: --n-best 5 is more than --beam-size 4"),
+# The command line: one line on stderr (after the command's usage for a mistake in the
+# options), non-zero exit, no traceback.
+@pytest.mark.parametrize("argv, message, usage", [
+    (["translate", "no/such/run", "hallo"], "argument model: 'no/such/run' does not exist",
+     True),
+    (["evaluate", "{dir}", "--source", "a.de", "--reference", "b"],
+     "argument --source: 'a.de' does not exist", True),
+    (["average", "no-such-checkpoint.keras"],
+     "argument checkpoints: 'no-such-checkpoint.keras' does not exist", True),
+    (["serve", "no/such/dir"], "argument saved_model: 'no/such/dir' does not exist", True),
+    (["serve", "{dir}"], "holds no version directory", False),
+    (["translate", "{dir}", "--n-best", "5"], "error: --n-best 5 is more than --beam-size 4",
+     False),
 ])
-def test_command_line_mistakes_print_one_line(argv, message, capsys):
+def test_command_line_mistakes_print_one_line(argv, message, usage, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
+        cli.main([word.format(dir=tmp_path) for word in argv])
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith(message) and len(err.strip().splitlines()) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert message in lines[-1] and "Traceback" not in "\n".join(lines)
+    assert len(lines) == 1 or (usage and lines[0].startswith("usage: "))
 
 
 @pytest.mark.parametrize("argv, native_logs", [
@@ -334,8 +345,7 @@ def test_command_line_rejects_bad_numbers(capsys):
     assert "must be a positive integer" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                    reason="about the environment, not the backend: runs in the tensorflow pass")
+@pytest.mark.once("tensorflow")  # about the environment, not the backend
 @pytest.mark.parametrize("command", [
     ["keras-transformer", "translate", "run", "hallo"],
     [sys.executable, "-m", "keras_transformer.cli", "export", "run", "out"],
@@ -400,8 +410,7 @@ def test_a_compiled_model_loads_without_keras_compile_warning(tmp_path, recwarn)
     assert not [w for w in recwarn if "compile()" in str(w.message)]
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                    reason="about the environment, not the backend: runs in the tensorflow pass")
+@pytest.mark.once("tensorflow")  # about the environment, not the backend
 def test_evaluate_redirected_to_a_file_writes_only_results(run_dir, tmp_path):
     corpus = synthetic_translation(3, seed=9)
     (tmp_path / "test.src").write_text("\n".join(corpus.sources) + "\n")

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import keras
 import pytest
 from helpers import REPOSITORY, shared_data, untrained_run_dir
 
@@ -18,6 +17,10 @@ from keras_transformer.cli import errors
 from keras_transformer.training.distribution import PeerLostError
 from keras_transformer.training.fit import NonFiniteLossError
 from recipes import anki, multi30k, quickstart, table3
+
+# The command lines' handling of a mistake does not depend on the backend (the export's
+# TensorFlow process, which only JAX and torch start, has a test of its own in the JAX pass).
+pytestmark = pytest.mark.once("torch")
 
 TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
               "--num-layers", "1", "--beam-size", "2", "--verbose", "0"]
@@ -83,7 +86,7 @@ def recipe(module):
 # (argv with {dir} for the files' folder and {run} for the run directory, what stderr
 # holds, whether argparse's usage comes with it).
 COMMANDS = [
-    (["translate", "{dir}/missing.keras", "hello"], "No model at", False),
+    (["translate", "{dir}/missing.keras", "hello"], "argument model: ", True),
     (["translate", "{dir}/not_a_model.keras", "hello"], "Cannot load", False),
     (["translate", "{run}", "--n-best", "5"], "--n-best 5 is more than --beam-size 4", False),
     (["translate", "{run}", "--top-p", "0.9"], "--top-p set(s) sampling: add --sample", False),
@@ -91,7 +94,7 @@ COMMANDS = [
      "keras-transformer translate: error: unrecognized arguments: --bogus", True),
     (["translate", "{run}", "hello", "--beam-size", "0"], "must be a positive integer", True),
     (["evaluate", "{run}", "--source", "{dir}/missing.src", "--reference", "{dir}/test.ref"],
-     "No such file", False),
+     "argument --source: ", True),
     (["evaluate", "{run}", "--source", "{dir}/latin1.src", "--reference", "{dir}/test.ref"],
      "as UTF-8 text", False),
     (["evaluate", "{run}", "--source", "{dir}/test.src", "--reference", "{dir}/short.ref"],
@@ -106,11 +109,13 @@ COMMANDS = [
      "keras-transformer average: error: give either checkpoint files or --run-dir", True),
     (["export", "{run}", "{dir}/exported", "--quantization", "int8"],
      "--quantization only applies to --format ctranslate2", False),
-    (["export", "{run}", "{dir}/ct2", "--format", "ctranslate2", "--version", "2"],
-     "--version applies only to --format saved_model", False),
-    (["plot", "positions", "--output", "{dir}/a_file/positions.png"], "error: ", False),
+    (["export", "{run}", "{dir}/ct2", "--format", "ctranslate2", "--lengths", "16"],
+     "--lengths applies only to --format saved_model", False),
+    (["plot", "positions", "--output", "{dir}/a_file/positions.png"],
+     "argument --output: ", True),
     (["plot", "training", "{dir}/empty_run"], "No training log", False),
-    (["serve", "{dir}/missing"], "No SavedModel directory", False),
+    (["serve", "{dir}/missing"], "argument saved_model: ", True),
+    (["serve", "{dir}/empty_run"], "holds no version directory", False),
     (["transl", "x"], "invalid choice: 'transl'", True),
 ]
 
@@ -131,21 +136,23 @@ RECIPES = [
     (quickstart, ["--tune-alpha", "1", "--no-tune-alpha"],
      "argument --no-tune-alpha: not allowed with argument --tune-alpha", True),
     (quickstart, ["--run-dir", "{dir}/a_file", "--train-pairs", "50", "--steps", "1"],
-     "a_file", False),
+     "a_file' is a file, not a folder to write into", True),
     (quickstart, ["--run-dir", "{dir}/run", "--train-pairs", "50", "--steps", "2",
                   "--max-length", "16", "--max-sentence-length", "32", *TINY_MODEL],
-     "max_length=16 is below max_sentence_length=32", False),
-    (multi30k, ["--data-dir", "{dir}/missing", "--steps", "1"], "Multi30k folder", False),
+     "--max-length 16 is below --max-sentence-length 32", False),
+    (multi30k, ["--data-dir", "{dir}/missing", "--steps", "1"], "argument --data-dir: ", True),
+    (multi30k, ["--data-dir", "{dir}/empty_run", "--steps", "1"], "Multi30k file train.de",
+     False),
     (multi30k, ["--data-dir", "{multi30k}", "--run-dir", "{dir}/run", "--train-limit", "300",
                 "--steps", "2", "--no-export"],
-     "vocab_size=8000 is more than SentencePiece can learn from these 300 sentences", False),
+     "--vocab-size 8000 is more than SentencePiece can learn from these 300 sentences", False),
     (multi30k, ["--direction", "fr-en"], "argument --direction: invalid choice", True),
-    (anki, ["--data", "{dir}/missing.txt", "--steps", "1"], "No such file", False),
+    (anki, ["--data", "{dir}/missing.txt", "--steps", "1"], "argument --data: ", True),
     (anki, ["--data", "{dir}/no_tabs.txt", "--steps", "1"], "line 1 has no tab", False),
     (anki, ["--language", "fr"], "only English-Spanish is downloaded", True),
     (table3, ["--variants", "base,heads3"], "unknown variant(s) ['heads3']", True),
     (table3, ["--data-dir", "{multi30k}", "--run-dir", "{dir}/table3", "--train-limit", "200",
-              "--variants", "base"], "vocab_size=8000 is more than SentencePiece", False),
+              "--variants", "base"], "--vocab-size 8000 is more than SentencePiece", False),
 ]
 
 
@@ -198,9 +205,6 @@ def test_an_import_error_inside_the_package_keeps_its_traceback():
         errors.guarded(main)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch",
-                    reason="a recipe's whole process, backend-independent: runs in the torch "
-                           "pass, where a process starts fastest")
 def test_a_smoke_run_with_too_large_a_vocabulary_is_one_line_in_a_real_process(tmp_path):
     """The issue's reproduction: --train-limit 300 with the default --vocab-size."""
     command = [sys.executable, "-m", "recipes.multi30k", "--train-limit", "300", "--steps", "2",
@@ -212,7 +216,7 @@ def test_a_smoke_run_with_too_large_a_vocabulary_is_one_line_in_a_real_process(t
                             timeout=300, env=environment)
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith("error: vocab_size=8000 is more than SentencePiece can learn from "
+    assert line.startswith("error: --vocab-size 8000 is more than SentencePiece can learn from "
                            "these 300 sentences: at most ")
     assert "--vocab-size" in line
     assert not os.path.exists(tmp_path / "run" / "source_tokenizer")
@@ -226,3 +230,13 @@ def test_a_gzipped_file_that_is_not_gzip_is_one_line(files, run_dir, capsys):
     err = fails_with(keras_transformer, ["evaluate", str(run_dir), "--source", str(bad),
                                          "--reference", str(files / "test.ref.gz")], capsys)
     assert "Cannot read" in err
+
+
+@pytest.mark.once("jax")
+def test_a_mistake_the_exports_tensorflow_process_finds_is_one_line(run_dir, tmp_path, capsys):
+    """Under JAX the SavedModel is written by a TensorFlow-backend process: a mistake only
+    it finds (a compiled width past the model's longest input) is the same one line."""
+    err = fails_with(keras_transformer, ["export", str(run_dir), str(tmp_path / "exported"),
+                                         "--lengths", "16,5000"], capsys)
+    assert "go past the longest input" in err and "--lengths" in err
+    assert not (tmp_path / "exported").exists() or os.listdir(tmp_path / "exported") == []

@@ -313,6 +313,29 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert cooldown_steps("12.5%", 200) == 25
 
 
+@pytest.mark.parametrize("module, argv", [(multi30k, []), (quickstart, []), (anki, [])])
+@pytest.mark.parametrize("preset", ["tiny", "big"])
+def test_a_preset_given_replaces_the_recipes_own_model(module, argv, preset):
+    """--preset starts the model from that preset, whatever the recipe's own sizes;
+    model options given with it still override it, and the recipe's schedule stays."""
+    from keras_transformer import TransformerConfig
+
+    argv = [*argv, "--preset", preset]
+    config = recipe.model_config(module.build_parser().parse_args(argv), argv)
+    expected = getattr(TransformerConfig, preset)(vocab_size=config.vocab_size)
+    for field in recipe.ARCHITECTURE_FIELDS:
+        assert getattr(config, field) == getattr(expected, field), field
+    assert config.warmup_steps == module.DEFAULTS["warmup_steps"]
+    argv += ["--d-model", "64", "--num-heads", "2"]
+    config = recipe.model_config(module.build_parser().parse_args(argv), argv)
+    assert (config.d_model, config.num_heads) == (64, 2)
+    assert config.num_layers == expected.num_layers
+    # Without --preset, the recipe's own model.
+    config = recipe.model_config(module.build_parser().parse_args([]), [])
+    assert config.d_model == module.DEFAULTS.get("d_model", TransformerConfig.small(
+        vocab_size=8).d_model)
+
+
 @pytest.mark.parametrize("trained, option", [("tokenizer", "separate_vocabularies=False"),
                                              ("source_tokenizer", "separate_vocabularies=True")])
 def test_a_run_directory_keeps_the_vocabulary_layout_it_was_trained_with(
@@ -377,7 +400,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 KILL_AT = """
 import os, signal, sys
 from keras_transformer import evaluation, run_files
-from keras_transformer.inference import export
+from keras_transformer.export import saved_model as export
 from keras_transformer.cli import errors
 from recipes import quickstart
 

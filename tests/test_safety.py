@@ -225,7 +225,8 @@ def test_an_export_from_another_backend_refuses_in_its_tensorflow_process(tmp_pa
     side_effect = str(tmp_path / "side_effect.txt")
     write_lambda_model(run_files.path(str(run), run_files.MODEL), side_effect)
     try:
-        with pytest.raises(RuntimeError) as error:
+        # The TensorFlow process's one-line error, raised as the same ValueError.
+        with pytest.raises(ValueError) as error:
             export_saved_model(str(run), str(tmp_path / "saved_models"), verbose=False)
     finally:
         assert not os.path.exists(side_effect), "the crafted file's code ran"
@@ -235,8 +236,11 @@ def test_an_export_from_another_backend_refuses_in_its_tensorflow_process(tmp_pa
 
 def test_serving_does_not_open_a_keras_file(crafted, capsys):
     run, model_path, side_effect = crafted
-    message = command_line_error(["serve", model_path, "--port", "0"], capsys)
-    assert message.startswith(f"error: No SavedModel directory at {model_path!r}")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", model_path, "--port", "0"])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(f"argument saved_model: {model_path!r} is a file, not a folder")
     assert not os.path.exists(side_effect)
 
 

@@ -67,6 +67,7 @@ def test_bad_toy_task_lengths_are_explained():
         copy_task(4, min_sentence_length=3, max_sentence_length=2)
 
 
+@pytest.mark.xla  # the library's own choice: XLA under TensorFlow on a CPU
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_fit_gives_finite_decreasing_loss(policy):
     keras.config.set_dtype_policy(policy)

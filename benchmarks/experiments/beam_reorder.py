@@ -84,13 +84,19 @@ def reorder_loop(reorder, steps):
     return run
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=50, help="reorders per timed call")
     parser.add_argument("--lengths", default="32,64,128,256",
                         help="cache lengths P, comma-separated")
     parser.add_argument("--quick", action="store_true",
                         help="check that it runs: P = 8, 2 steps (figures meaningless)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     lengths = [8] if args.quick else [int(n) for n in args.lengths.split(",")]
     steps = 2 if args.quick else args.steps
@@ -124,4 +130,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

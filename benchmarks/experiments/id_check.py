@@ -23,10 +23,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import common  # noqa: E402,F401  (puts the repository on sys.path)
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=150, help="timed steps per round and model")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     import keras
@@ -84,4 +90,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -61,7 +61,8 @@ def xla_operations(trace_dir):
     return totals, counts
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[-1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,6 +71,11 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=5, help="traced steps")
     parser.add_argument("--top", type=int, default=12, help="operations listed")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 steps")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.quick:
         args.config, args.steps = "quick", 2
@@ -123,4 +129,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

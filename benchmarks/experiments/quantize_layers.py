@@ -16,11 +16,16 @@ It shows why `model.quantize("int8")` does not speed up decoding on a CPU
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 import warnings
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+import common  # noqa: E402  (also puts the repository on sys.path)
 
 SHAPES = ((256, 256), (256, 1024), (1024, 256), (256, 8000))
 ROWS = (8, 32, 256)
@@ -77,11 +82,17 @@ def compiled(layer):
     return call_without_gradients
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[-1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=200, help="timed calls per layer")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be positive")
@@ -111,4 +122,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -24,17 +24,18 @@ Nothing here imports Keras until a command runs, so that an unknown `KERAS_BACKE
 one line rather than a traceback.
 """
 
+import sys
+
 from keras_transformer.cli import errors, parser
 
 
 def main(argv=None):
     """Runs `keras-transformer` with `argv` (the process's arguments by default)."""
-    errors.check_backend()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     from keras_transformer import logs
 
-    logs.quiet_native_logs(args.native_logs)
-    with errors.command_line():
+    with errors.command_line(native_logs=logs.NATIVE_LOGS_FLAG in argv):
+        args = parser.parse_args(argv)
         args.run(args)
 
 

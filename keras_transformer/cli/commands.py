@@ -11,17 +11,31 @@ A MODEL argument is a `.keras` file with its tokenizer beside it, or a run direc
 """
 
 import os
+import signal
 import sys
 
 from keras_transformer.cli import errors
 
 
-def load_translator(path, max_source_length=None):
-    """A `Translator` of MODEL (a `.keras` file or a run directory)."""
+def load_translator(path, max_source_length=None, compute_type="default", intra_threads=0):
+    """A `Translator` of MODEL: a `.keras` file or a run directory, or a CTranslate2
+    export (a version folder, or the export base's highest version), run with
+    CTranslate2's `compute_type` and `intra_threads`."""
     from keras_transformer import run_files
     from keras_transformer.inference import Translator
+    from keras_transformer.inference.ctranslate2 import export_version, load_ctranslate2
 
-    model, source_tokenizer, target_tokenizer = run_files.load_translation_model(path)
+    if export_version(path) is not None:
+        model, source_tokenizer, target_tokenizer = load_ctranslate2(
+            path, compute_type=compute_type, intra_threads=intra_threads)
+    else:
+        given = [flag for flag, value in (("--compute-type", compute_type != "default"),
+                                          ("--intra-threads", intra_threads)) if value]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ValueError(f"{' and '.join(given)} {verb} only to CTranslate2 exports, and "
+                             f"{path!r} is a Keras model.")
+        model, source_tokenizer, target_tokenizer = run_files.load_translation_model(path)
     return Translator(model, source_tokenizer, target_tokenizer=target_tokenizer,
                       max_source_length=max_source_length)
 
@@ -52,7 +66,8 @@ def evaluate(args):
     corpus = read_parallel(args.source, args.reference)
     sources, references = corpus.sources[: args.limit], corpus.targets[: args.limit]
     result = evaluation.evaluate(
-        load_translator(args.model, args.max_source_length), sources, references,
+        load_translator(args.model, args.max_source_length, args.compute_type,
+                        args.intra_threads), sources, references,
         hypotheses_path=args.output,
         beam_size=args.beam_size, alpha=args.alpha, batch_size=args.batch_size,
     )
@@ -111,25 +126,24 @@ def average(args):
 
 
 def export(args):
-    """`keras-transformer export`: a SavedModel, or a CTranslate2 model directory."""
+    """`keras-transformer export`: a SavedModel or a CTranslate2 export, as
+    EXPORT_BASE/VERSION/."""
     if args.format == "ctranslate2":
-        # SavedModel settings fixed at export: CTranslate2 takes its decoding
-        # options at translate time instead.
-        given = [flag for flag, value in (
-            ("--version", args.version), ("--max-output-length", args.max_output_length),
-            ("--max-source-length", args.max_source_length),
-            ("--batch-sizes", args.batch_sizes), ("--lengths", args.lengths),
-            ("--n-best", args.n_best)) if value is not None]
+        # Compiled shapes are the SavedModel's; CTranslate2 compiles nothing.
+        given = [flag for flag, value in (("--batch-sizes", args.batch_sizes),
+                                          ("--lengths", args.lengths)) if value is not None]
         if given:
             verb = "applies" if len(given) == 1 else "apply"
             raise ValueError(
-                f"{', '.join(given)} {verb} only to --format saved_model: a CTranslate2 model "
-                "takes its decoding options (beam_size, max_decoding_length, ...) in "
-                "translate_batch.")
+                f"{', '.join(given)} {verb} only to --format saved_model: CTranslate2 compiles "
+                "no shapes, it runs any batch size and length.")
         from keras_transformer.export.ctranslate2 import export_ctranslate2
 
         try:
-            export_ctranslate2(args.model, args.export_base, quantization=args.quantization,
+            export_ctranslate2(args.model, args.export_base, version=args.version,
+                               quantization=args.quantization, beam_size=args.beam_size,
+                               alpha=args.alpha, max_output_length=args.max_output_length,
+                               max_source_length=args.max_source_length, n_best=args.n_best,
                                verbose=not args.quiet)
         except ImportError as error:  # ctranslate2 is not installed
             errors.fail(error)
@@ -159,4 +173,9 @@ def serve(args):
     options = ServerOptions(batching=batching, **{
         field.name: getattr(args, field.name) for field in dataclasses.fields(ServerOptions)
         if field.name != "batching" and hasattr(args, field.name)})
-    serving.serve(args.saved_model, options)
+    stopped_by = serving.serve(args.saved_model, options)
+    # After the graceful shutdown, the command ends as the signal asks (130, 143).
+    if stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt
+    if stopped_by == signal.SIGTERM:
+        raise errors.Terminated

@@ -3,21 +3,36 @@
 The library raises; the command lines (`keras-transformer` and `python -m recipes.NAME`)
 turn what a user can fix (a missing file, a bad value, an unknown backend, a missing
 optional package) into one `error: ...` line on stderr and exit status 2, instead of a
-traceback from deep inside Keras. Ctrl-C ends a command quietly with status 130, and a
-closed stdout (`| head`) with status 1, as Unix tools do. Anything else is a bug and
-keeps its traceback.
+traceback from deep inside Keras; the line names the command's flags
+(`--tokens-per-batch`), not the library's Python names. Ctrl-C (SIGINT) ends a command
+quietly with status 130, SIGTERM with status 143, and a closed stdout (`| head`) with
+status 1, as Unix tools do; files being written are removed, never left half-written.
+Anything else is a bug and keeps its traceback.
 
-`command_line()` is the context both kinds of command line run in: these errors, and
+`command_line()` is the context both kinds of command line run in, from their first
+line: the native logs quieted, SIGTERM turned into a clean exit, these errors, and
 Keras's progress bars kept off stdout (`keras_transformer.logs.progress_bars_on_stderr`).
 """
 
 import contextlib
 import os
+import re
+import signal
 import sys
+import threading
 
 # What a user's mistake raises: a file that is missing or in the way, a bad value, a
 # wrong kind of file, a disk or network problem.
 USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError, TypeError, OSError)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread by a command line's handler: it unwinds
+    like Ctrl-C (files being written are removed) and ends with status 143."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 def fail(message, status=2):
@@ -38,11 +53,14 @@ def check_backend():
 
 
 @contextlib.contextmanager
-def user_errors():
+def user_errors(flags=None):
     """Runs the block; a user's mistake (`USER_ERRORS`, or a missing optional package)
     becomes one `error:` line and exit status 2, a NaN or infinite training loss or a
-    cluster's lost process one line and status 1, Ctrl-C a quiet exit with status 130
-    and a closed stdout (`| head`) a quiet exit with status 1, as Unix tools do."""
+    cluster's lost process one line and status 1, Ctrl-C a quiet exit with status 130,
+    SIGTERM (`Terminated`) one with status 143, and a closed stdout (`| head`) a quiet
+    exit with status 1, as Unix tools do. `flags` ({destination: flag}, by default
+    those of the parser given to `name_options_of`) names the command's options in
+    the line (`flag_names`)."""
     try:
         yield
     except BrokenPipeError:
@@ -51,19 +69,62 @@ def user_errors():
     except KeyboardInterrupt:
         print(file=sys.stderr)  # after the ^C the terminal shows
         sys.exit(130)
+    except Terminated:
+        sys.exit(143)
     except ImportError as error:
         # A package that is not installed (`pip install ...` fixes it); an import
         # that fails inside this package is a bug.
         name = error.name or ""
         if name == "keras_transformer" or name.startswith("keras_transformer."):
             raise
-        fail(error)
+        fail(flag_names(str(error), flags or _flags_of_the_command_line()))
     except (*USER_ERRORS, RuntimeError) as error:
         if _failed_run(error):
-            fail(error, status=1)
+            fail(flag_names(str(error), flags or _flags_of_the_command_line()), status=1)
         if not isinstance(error, USER_ERRORS):
             raise
-        fail(error)
+        fail(flag_names(str(error), flags or _flags_of_the_command_line()))
+
+
+# The parser of the command line this process runs (`name_options_of`).
+_PARSER = []
+
+
+def name_options_of(parser):
+    """Makes `user_errors` write the options of `parser` (and of its subcommands,
+    those added later too) as their flags in an error line: the command line's
+    parser, once it is made."""
+    _PARSER[:] = [parser]
+
+
+def _flags_of_the_command_line():
+    return option_flags(_PARSER[0]) if _PARSER else {}
+
+
+def option_flags(parser):
+    """{destination: flag} of every option of `parser` and its subcommands
+    (`beam_size` → `--beam-size`)."""
+    import argparse
+
+    flags = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                flags.update(option_flags(subparser))
+        elif action.option_strings and action.dest not in ("help", argparse.SUPPRESS):
+            flags.setdefault(action.dest, max(action.option_strings, key=len))
+    return flags
+
+
+def flag_names(message, flags):
+    """`message` with each `name=value` of an option written as its flag and value:
+    "tokens_per_batch=100 is below max_sentence_length=128" becomes
+    "--tokens-per-batch 100 is below --max-sentence-length 128"."""
+    if not flags:
+        return message
+    pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, flags), key=len,
+                                                    reverse=True)) + r")=")
+    return pattern.sub(lambda match: flags[match.group(1)] + " ", message)
 
 
 def _failed_run(error):
@@ -77,19 +138,39 @@ def _failed_run(error):
 
 
 @contextlib.contextmanager
-def command_line():
-    """The context of a command line's work: `user_errors`, with Keras's progress
-    bars on stderr when it is a terminal and nowhere otherwise."""
+def command_line(native_logs=None, flags=None):
+    """The context of a command line's work, from its first line: the native logs
+    quieted (unless `native_logs`, its `--native-logs`, which is looked for among the
+    process's arguments when None: they hide lines printed before the parser runs), SIGTERM
+    turned into `Terminated`, `user_errors` naming `flags`, and Keras's progress bars
+    on stderr when it is a terminal and nowhere otherwise. Only for a process the
+    command line owns."""
     from keras_transformer import logs
 
-    with user_errors(), logs.progress_bars_on_stderr():
-        yield
+    if native_logs is None:
+        native_logs = logs.NATIVE_LOGS_FLAG in sys.argv[1:]
+    logs.quiet_native_logs(native_logs)
+    # Signal handlers belong to the main thread (a test may run a command in another).
+    main_thread = threading.current_thread() is threading.main_thread()
+    # Ctrl-C raises KeyboardInterrupt again (the start-up's quiet exit, if the package
+    # set one, ends here), so that the work can stop cleanly.
+    previous = ((signal.signal(signal.SIGTERM, _terminate),
+                 signal.signal(signal.SIGINT, signal.default_int_handler))
+                if main_thread else None)
+    try:
+        with user_errors(flags):
+            check_backend()  # before anything imports Keras (the progress bars do)
+            with logs.progress_bars_on_stderr():
+                yield
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
 
 
 def guarded(main, *args, **kwargs):
-    """`main(*args, **kwargs)` after `check_backend`, inside `command_line`: how a
-    recipe runs as a script (`if __name__ == "__main__": errors.guarded(main)`)."""
-    check_backend()
+    """`main(*args, **kwargs)` inside `command_line`: how a recipe runs as a script
+    (`if __name__ == "__main__": errors.guarded(main)`)."""
     with command_line():
         return main(*args, **kwargs)
 

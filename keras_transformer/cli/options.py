@@ -5,9 +5,15 @@ Each shared option is defined here once, with its type, default and help, so tha
 `keras-transformer translate --beam-size` and `python -m recipes.multi30k --beam-size`
 accept the same values and say the same thing. A type rejects a bad value while the
 command line is parsed, with argparse's one-line usage error and exit status 2.
+
+Paths are typed by what they must be (`PATH_KINDS`: a file to read, a folder to write
+into, ...) and checked after parsing, by `check_paths`, with the same usage error naming
+the option. Parsing alone checks no path, so that a command written in the docs parses
+anywhere (`tests/test_doc_commands.py`).
 """
 
 import argparse
+import os
 
 NATIVE_LOGS_HELP = ("show the native libraries' log lines (TensorFlow's, absl's, "
                     "SentencePiece's; hidden by default)")
@@ -34,6 +40,44 @@ def positive_float(text):
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text):
+    """A float >= 0 (not NaN)."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def rate(text):
+    """A float in [0, 1): a dropout rate, a label-smoothing ε, a fraction."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text}")
+    return value
+
+
+def port(text):
+    """A TCP port, an int from 0 (a free one) to 65535."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {text}")
+    return value
+
+
+def text(value):
+    """Any text (a sentence, a host name, a language code): checked where it is used."""
+    return value
+
+
+def model_name(value):
+    """A model name for the server's URLs (/v1/models/NAME): letters, digits, '.', '-'
+    and '_'."""
+    if not value or not all(c.isalnum() or c in "._-" for c in value):
+        raise argparse.ArgumentTypeError(
+            f"must be letters, digits, '.', '-' and '_' (it is part of a URL), got {value!r}")
     return value
 
 
@@ -88,7 +132,7 @@ def steps_or_percent(text):
 # the flag is the destination with dashes (`beam_size` is --beam-size).
 SHARED = {
     "beam_size": dict(type=positive_int, default=4, help="beam size (§6.1: 4)"),
-    "alpha": dict(type=float, default=0.6, help="length penalty α (§6.1: 0.6)"),
+    "alpha": dict(type=non_negative_float, default=0.6, help="length penalty α (§6.1: 0.6)"),
     "native_logs": dict(action="store_true", help=NATIVE_LOGS_HELP),
 }
 
@@ -105,8 +149,104 @@ def add_search_options(parser):
     add(parser, "alpha")
 
 
+def add_engine_options(parser):
+    """--compute-type and --intra-threads: how CTranslate2 runs an export of its own."""
+    from keras_transformer.inference.ctranslate2 import COMPUTE_TYPES
+
+    group = parser.add_argument_group("CTranslate2 exports (export --format ctranslate2)")
+    group.add_argument("--compute-type", choices=COMPUTE_TYPES, default="default",
+                       help="CTranslate2's compute type (default: the type the weights were "
+                            "exported in)")
+    group.add_argument("--intra-threads", type=non_negative_int, default=0,
+                       help="CTranslate2's threads per translation (default 0: its own "
+                            "choice)")
+
+
 def add_max_source_length(parser, default):
     """--max-source-length; `default` says in words what applies without it."""
     parser.add_argument("--max-source-length", type=positive_int,
                         help="longest input (tokens + EOS); longer sentences are truncated to "
                              f"it and flagged (default: {default})")
+
+
+# What a path option must name, checked by `check_paths` after parsing.
+PATH_KINDS = {
+    "file": "an existing file",
+    "folder": "an existing folder",
+    "model": "a .keras file or a folder holding a model (a run directory, an export)",
+    "output file": "a file to write (not a folder, in a folder that can be made)",
+    "new file": "a file to write that does not exist yet (unless --force)",
+    "output folder": "a folder to write into (not a file, in a folder that can be made)",
+}
+
+
+def path(kind):
+    """An argparse type for a path of `kind` (one of `PATH_KINDS`): the text
+    itself, checked by `check_paths` once the command line is parsed."""
+    if kind not in PATH_KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {tuple(PATH_KINDS)}")
+
+    def accept(text):
+        return text
+
+    accept.path_kind = kind
+    accept.__name__ = kind.replace(" ", "_")
+    return accept
+
+
+def check_paths(parser, args):
+    """Checks every path option of `parser` (and of the subcommand chosen) that
+    `args` gives against its kind; a path that cannot be right is a usage error
+    naming the option, before anything runs."""
+    for action in _actions(parser, args):
+        kind = getattr(action.type, "path_kind", None)
+        values = getattr(args, action.dest, None)
+        if kind is None or values is None:
+            continue
+        for value in values if isinstance(values, list) else [values]:
+            problem = _path_problem(kind, value, getattr(args, "force", False))
+            if problem:
+                name = "/".join(action.option_strings) or action.dest
+                parser.error(f"argument {name}: {value!r} {problem}")
+
+
+def _actions(parser, args):
+    """The actions of `parser` and of the subcommands `args` chose."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None))
+            if chosen is not None:
+                yield from _actions(chosen, args)
+        else:
+            yield action
+
+
+def _path_problem(kind, value, force=False):
+    """What is wrong with `value` as a path of `kind`, or None."""
+    if kind == "file" and not os.path.isfile(value):
+        return "is a folder, not a file" if os.path.isdir(value) else "does not exist"
+    if kind == "folder" and not os.path.isdir(value):
+        return "is a file, not a folder" if os.path.exists(value) else "does not exist"
+    if kind == "model" and not os.path.exists(value):
+        return "does not exist"
+    if kind in ("output file", "new file"):
+        if os.path.isdir(value):
+            return "is a folder, not a file to write"
+        if kind == "new file" and os.path.exists(value) and not force:
+            return "exists: add --force to replace it, or give another path"
+        return _unmakeable(os.path.dirname(os.path.abspath(value)))
+    if kind == "output folder":
+        if os.path.exists(value) and not os.path.isdir(value):
+            return "is a file, not a folder to write into"
+        return _unmakeable(value)
+    return None
+
+
+def _unmakeable(folder):
+    """Why `folder` cannot be made (a file in the way), or None."""
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"cannot be written: {folder!r} is a file, not a folder"
+    return None

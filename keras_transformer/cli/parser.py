@@ -10,16 +10,23 @@ intermixed parsing reads them, and a mistake is reported with that subcommand's 
 import argparse
 import functools
 
-from keras_transformer.cli import commands, options
+from keras_transformer.cli import commands, errors, options
 from keras_transformer.cli import translate as translate_command
 from keras_transformer.cli.options import (
+    model_name,
+    non_negative_float,
     non_negative_int,
+    path,
+    port,
     positive_float,
     positive_int,
     positive_ints,
     probability,
+    text,
 )
 
+_MODEL_HELP = (".keras file or run directory, or a CTranslate2 export (ct2_models/NAME: its "
+               "highest version, or one version folder)")
 _TRANSLATOR_LIMIT = ("the model's max_length with learned positions, at least 1024 with "
                      "sinusoidal ones")
 
@@ -112,8 +119,8 @@ def _add_translate(command, native_logs):
         "translate", help="translate sentences (or stdin lines)",
         description=_TRANSLATE_DESCRIPTION, epilog=_TRANSLATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    translate.add_argument("model", help=".keras file or run directory")
-    translate.add_argument("sentences", nargs="*",
+    translate.add_argument("model", type=path("model"), help=_MODEL_HELP)
+    translate.add_argument("sentences", nargs="*", type=text,
                            help="sentences; standard input is read line by line if none")
     translate.add_argument("--batch-size", type=positive_int, default=translate_command.BATCH_SIZE,
                            help="most lines decoded together (default: %(default)s)")
@@ -136,20 +143,25 @@ def _add_translate(command, native_logs):
                           help="keep the most probable tokens up to this mass (default 1: all)")
     sampling.add_argument("--seed", type=non_negative_int, help="random seed (default 0)")
     options.add_max_source_length(translate, _TRANSLATOR_LIMIT)
+    options.add_engine_options(translate)
     translate.set_defaults(run=translate_command.run)
 
 
 def _add_evaluate(command, native_logs):
     evaluate = command("evaluate", help="translate a test set and report BLEU")
-    evaluate.add_argument("model", help=".keras file or run directory")
-    evaluate.add_argument("--source", required=True, help="source sentences, one per line (.gz ok)")
-    evaluate.add_argument("--reference", required=True, help="reference translations, aligned")
-    evaluate.add_argument("--output", help="file for the translations, one per line")
+    evaluate.add_argument("model", type=path("model"), help=_MODEL_HELP)
+    evaluate.add_argument("--source", required=True, type=path("file"),
+                          help="source sentences, one per line (.gz ok)")
+    evaluate.add_argument("--reference", required=True, type=path("file"),
+                          help="reference translations, aligned")
+    evaluate.add_argument("--output", type=path("output file"),
+                          help="file for the translations, one per line")
     evaluate.add_argument("--limit", type=positive_int, help="only the first N sentences")
     evaluate.add_argument("--batch-size", type=positive_int, default=32,
                           help="sentences decoded together")
     options.add_search_options(evaluate)
     options.add_max_source_length(evaluate, _TRANSLATOR_LIMIT)
+    options.add_engine_options(evaluate)
     evaluate.set_defaults(run=commands.evaluate)
 
 
@@ -159,38 +171,48 @@ def _add_plot(command, native_logs):
     figure = functools.partial(_subcommand, figures, parents=[native_logs])
     attention = figure("attention", help="encoder, decoder and cross attention "
                                    "of one translated sentence, per layer and head")
-    attention.add_argument("model", help=".keras file or run directory")
-    attention.add_argument("sentence", help="the source sentence")
-    attention.add_argument("--output-dir", default="plots", help="folder for the PNG files")
+    attention.add_argument("model", type=path("model"), help=".keras file or run directory")
+    attention.add_argument("sentence", type=text, help="the source sentence")
+    attention.add_argument("--output-dir", default="plots", type=path("output folder"),
+                           help="folder for the PNG files")
     options.add_search_options(attention)
     positions = figure("positions", help="the §3.5 positional-encoding matrix")
-    positions.add_argument("--output", default="plots/positions.png", help="PNG file")
+    positions.add_argument("--output", default="plots/positions.png", type=path("output file"),
+                           help="PNG file")
     positions.add_argument("--length", type=positive_int, default=100, help="positions drawn")
     positions.add_argument("--d-model", type=positive_int, default=512, help="encoding width")
     schedule = figure("schedule", help="the §5.3 learning-rate schedule")
-    schedule.add_argument("--output", default="plots/schedule.png", help="PNG file")
+    schedule.add_argument("--output", default="plots/schedule.png", type=path("output file"),
+                          help="PNG file")
     schedule.add_argument("--d-model", type=positive_int, default=512, help="model width")
     schedule.add_argument("--warmup-steps", type=positive_int, default=4000, help="warmup steps")
     schedule.add_argument("--num-steps", type=positive_int, default=20000, help="steps drawn")
     training = figure("training", help="loss and accuracy curves of recipe runs")
-    training.add_argument("runs", nargs="+", help="run directories (or training_log.csv files)")
-    training.add_argument("--output", default="plots/training.png", help="PNG file")
+    training.add_argument("runs", nargs="+", type=path("model"),
+                          help="run directories (or training_log.csv files)")
+    training.add_argument("--output", default="plots/training.png", type=path("output file"),
+                          help="PNG file")
     training.add_argument("--steps-per-window", type=positive_int,
                           help="the runs' --checkpoint-every, to count optimizer steps")
     curve = figure("validation", help="validation BLEU against training time of recipe runs "
                                       "trained with --validation-curve")
-    curve.add_argument("runs", nargs="+", help="run directories (or validation_curve.csv files)")
-    curve.add_argument("--output", default="plots/validation.png", help="PNG file")
+    curve.add_argument("runs", nargs="+", type=path("model"),
+                       help="run directories (or validation_curve.csv files)")
+    curve.add_argument("--output", default="plots/validation.png", type=path("output file"),
+                       help="PNG file")
     plot.set_defaults(run=commands.plot)
 
 
 def _add_average(command, native_logs):
     average = command("average", help="average checkpoints into one model (§6.1)")
-    average.add_argument("checkpoints", nargs="*", help=".keras files to average")
-    average.add_argument("--run-dir", help="average this run's newest checkpoints")
+    average.add_argument("checkpoints", nargs="*", type=path("file"),
+                         help=".keras files to average")
+    average.add_argument("--run-dir", type=path("folder"),
+                         help="average this run's newest checkpoints")
     average.add_argument("--last", type=positive_int, default=5,
                          help="with --run-dir: how many of the newest checkpoints")
-    average.add_argument("--output", help="where to write the averaged model (default: "
+    average.add_argument("--output", type=path("new file"),
+                         help="where to write the averaged model (default: "
                                           "RUN_DIR/model_averaged.keras with --run-dir, else "
                                           "averaged.keras)")
     average.add_argument("--force", action="store_true",
@@ -202,19 +224,18 @@ def _add_export(command, native_logs):
     from keras_transformer.export.ctranslate2 import QUANTIZATIONS
 
     export = command(
-        "export", help="write a TensorFlow SavedModel (strings in, translations out) to "
-                       "EXPORT_BASE/VERSION/, or a CTranslate2 model directory")
-    export.add_argument("model", help=".keras file with its tokenizer beside it, or run "
-                                      "directory")
-    export.add_argument("export_base", help="serving directory, e.g. saved_models/NAME; the "
-                                            "SavedModel goes to EXPORT_BASE/VERSION/. With "
-                                            "--format ctranslate2: the new model directory "
-                                            "(absent or empty)")
+        "export", help="write a TensorFlow SavedModel (strings in, translations out) or a "
+                       "CTranslate2 export to EXPORT_BASE/VERSION/")
+    export.add_argument("model", type=path("model"),
+                        help=".keras file with its tokenizer beside it, or run directory")
+    export.add_argument("export_base", type=path("output folder"),
+                        help="serving directory, e.g. saved_models/NAME or ct2_models/NAME; "
+                             "the export goes to EXPORT_BASE/VERSION/")
     export.add_argument("--format", choices=("saved_model", "ctranslate2"),
                         default="saved_model",
                         help="saved_model (TensorFlow Serving, beam search inside) or "
-                             "ctranslate2 (a CTranslate2 Translator model; the options below "
-                             "about versions, search and compiled shapes do not apply)")
+                             "ctranslate2 (CTranslate2's C++ engine, its tokenizer and search "
+                             "settings beside it; --batch-sizes and --lengths do not apply)")
     export.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="with --format ctranslate2: CTranslate2 weight type "
                              "(default: float32)")
@@ -241,16 +262,19 @@ def _add_serve(command, native_logs):
 
     defaults = ServerOptions()
     serve = command(
-        "serve", help="serve a SavedModel over HTTP with TensorFlow Serving's REST API")
-    serve.add_argument("saved_model", help="saved_models/NAME (its highest version is served, "
-                                           "new versions are picked up) or a version folder")
-    serve.add_argument("--host", default=defaults.host,
+        "serve", help="serve a SavedModel or a CTranslate2 export over HTTP with TensorFlow "
+                      "Serving's REST API")
+    serve.add_argument("saved_model", type=path("folder"),
+                       help="saved_models/NAME or ct2_models/NAME (its highest version is "
+                            "served, new versions are picked up) or a version folder")
+    serve.add_argument("--host", default=defaults.host, type=text,
                        help="address to bind; 0.0.0.0 exposes the server to the network "
                             "(default: %(default)s)")
-    serve.add_argument("--port", type=int, default=defaults.port,
+    serve.add_argument("--port", type=port, default=defaults.port,
                        help="port, TensorFlow Serving's REST default; 0 picks a free one "
                             "(default: %(default)s)")
-    serve.add_argument("--name", help="model name in the URL (default: the directory's name)")
+    serve.add_argument("--name", type=model_name,
+                       help="model name in the URL (default: the directory's name)")
     limits = serve.add_argument_group("limits and timeouts")
     for flag, kind, help_text in (
         ("--max-instances", positive_int, "instances per request"),
@@ -261,14 +285,15 @@ def _add_serve(command, native_logs):
         ("--header-timeout", positive_float, "seconds to send a request's headers"),
         ("--body-timeout", positive_float, "seconds to send a request's body"),
         ("--keep-alive-timeout", positive_float, "seconds an idle connection stays open"),
-        ("--file-system-poll-wait-seconds", float, "seconds between polls for new versions "
-                                                   "(0: never)"),
+        ("--file-system-poll-wait-seconds", non_negative_float,
+         "seconds between polls for new versions (0: never)"),
         ("--warmup-threads", positive_int, "warm-up requests replayed at once"),
     ):
         name = flag[2:].replace("-", "_")
         limits.add_argument(flag, type=kind, default=getattr(defaults, name),
                             help=f"{help_text} (default: %(default)s)")
     _add_batching(serve)
+    options.add_engine_options(serve)
     serve.set_defaults(run=commands.serve)
 
 
@@ -287,18 +312,22 @@ def _add_batching(serve):
         ("--num-batch-threads", "batches run at once"),
     ):
         name = flag[2:].replace("-", "_")
-        kind = int if name == "batch_timeout_micros" else positive_int
+        kind = non_negative_int if name == "batch_timeout_micros" else positive_int
         group.add_argument(flag, type=kind, default=getattr(batching, name),
                            help=f"{help_text} (default: %(default)s)")
 
 
-def parse_args(argv=None):
-    """The parsed command line, with the checks that span several options; a mistake
-    exits with status 2 and the usage of the subcommand it was made in."""
+def parse_args(argv=None, check_paths=True):
+    """The parsed command line, with the checks that span several options and, with
+    `check_paths`, of the paths it names (`options.check_paths`); a mistake exits
+    with status 2 and the usage of the subcommand it was made in."""
     parser = build_parser()
+    errors.name_options_of(parser)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "average" and bool(args.checkpoints) == bool(args.run_dir):
         args.command_parser.error("give either checkpoint files or --run-dir")
+    if check_paths:
+        options.check_paths(args.command_parser, args)
     return args

@@ -16,11 +16,14 @@ import dataclasses
 import sys
 
 from keras_transformer import validation
-from keras_transformer.cli import options
+from keras_transformer.cli import errors, options
 from keras_transformer.cli.options import (
     non_negative_floats,
+    non_negative_int,
+    path,
     positive_float,
     positive_int,
+    rate,
     steps_or_percent,
 )
 
@@ -29,15 +32,21 @@ PRESETS = ("tiny", "small", "base", "big")
 MODEL_FIELDS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
                 "attention_dropout_rate", "activation_dropout_rate", "label_smoothing",
                 "warmup_steps", "position_encoding", "norm_position", "max_length")
+# The model options that make a preset's architecture: a recipe's own values for them
+# are its model, which a --preset given on the command line replaces.
+ARCHITECTURE_FIELDS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout_rate",
+                       "attention_dropout_rate", "activation_dropout_rate",
+                       "position_encoding", "norm_position")
 
 # The recipes' own options, argparse's keywords by destination (`options.SHARED` holds
 # those the `keras-transformer` commands take too).
 OPTIONS = {
-    "run_dir": dict(help="folder for checkpoints, logs, the tokenizer and the final model; "
+    "run_dir": dict(type=path("output folder"),
+                    help="folder for checkpoints, logs, the tokenizer and the final model; "
                          "running the same command again resumes from it"),
     "precision": dict(choices=validation.PRECISIONS, default="float32",
                       help="Keras dtype policy for training (mixed_* keep float32 variables)"),
-    "seed": dict(type=int, default=0, help="random seed"),
+    "seed": dict(type=non_negative_int, default=0, help="random seed"),
     "verbose": dict(type=int, choices=(0, 1, 2), default=1,
                     help="model.fit verbosity: 0 silent, 1 progress bar (drawn on stderr, "
                          "when it is a terminal), 2 one line per window"),
@@ -73,7 +82,9 @@ OPTIONS = {
     "bucket_width": dict(type=positive_int, default=8,
                          help="length step of the batching buckets: smaller pads less but "
                               "compiles more train-step shapes"),
-    "preset": dict(choices=PRESETS, default="small", help="TransformerConfig preset"),
+    "preset": dict(choices=PRESETS, default="small",
+                   help="start the model from this TransformerConfig preset instead of the "
+                        "recipe's own; the model options given override it"),
     "max_length": dict(type=positive_int,
                        help="most positions the model accepts (TransformerConfig.max_length): "
                             "its longest input, ids + EOS"),
@@ -81,16 +92,16 @@ OPTIONS = {
     "d_model": dict(type=positive_int, help="model width"),
     "num_heads": dict(type=positive_int, help="h, attention heads"),
     "d_ff": dict(type=positive_int, help="feed-forward inner width"),
-    "dropout_rate": dict(type=float, help="P_drop"),
-    "attention_dropout_rate": dict(type=float,
+    "dropout_rate": dict(type=rate, help="P_drop"),
+    "attention_dropout_rate": dict(type=rate,
                                    help="dropout on the attention weights (not in the paper)"),
-    "activation_dropout_rate": dict(type=float, help="dropout on the feed-forward ReLU "
-                                                     "activations (not in the paper)"),
-    "label_smoothing": dict(type=float, help="ε_ls"),
+    "activation_dropout_rate": dict(type=rate, help="dropout on the feed-forward ReLU "
+                                                    "activations (not in the paper)"),
+    "label_smoothing": dict(type=rate, help="ε_ls"),
     "warmup_steps": dict(type=positive_int, help="learning-rate warmup steps"),
     "position_encoding": dict(choices=("sinusoidal", "learned"), help="positional encoding"),
     "norm_position": dict(choices=("post", "pre"), help="LayerNorm placement"),
-    "lr_scale": dict(type=float, default=1.0,
+    "lr_scale": dict(type=positive_float, default=1.0,
                      help="constant factor on the Noam learning-rate schedule"),
     "cooldown_steps": dict(type=steps_or_percent, default=0, metavar="N|P%",
                            help="over the last N steps of the run (or the last P percent of "
@@ -119,7 +130,8 @@ OPTIONS = {
                                "model_averaged.keras) on the test split again, e.g. with "
                                "another --beam-size or --eval-limit; results.json keeps the "
                                "training figures"),
-    "export_dir": dict(help="also export model.keras as a TensorFlow SavedModel to "
+    "export_dir": dict(type=path("output folder"),
+                       help="also export model.keras as a TensorFlow SavedModel to "
                             "EXPORT_DIR/VERSION/ (the next free version), e.g. "
                             "saved_models/NAME; serve it with keras-transformer serve"),
     "no_export": dict(action="store_true",
@@ -184,10 +196,22 @@ def build_parser(name, description, defaults, run_dir=None):
             elif option == "run_dir":
                 add(group, option, help=f"{OPTIONS['run_dir']['help']} (default: "
                                         f"{run_dir or 'runs/' + name})")
+            elif option == "preset":
+                add(group, option, help=f"{OPTIONS['preset']['help']} (default: "
+                                        f"{_recipe_model(defaults)})")
             else:
                 add(group, option)
     parser.set_defaults(**defaults)
+    errors.name_options_of(parser)  # the flags its error lines name
     return parser
+
+
+def _recipe_model(defaults):
+    """The recipe's own model in words: its preset and the architecture it sets."""
+    preset = defaults.get("preset", OPTIONS["preset"]["default"])
+    changes = [f"{field.replace('_', ' ')} {defaults[field]}" for field in ARCHITECTURE_FIELDS
+               if field in defaults]
+    return f"{preset}" + (f" with {', '.join(changes)}" if changes else "")
 
 
 def given(argv=None):
@@ -200,12 +224,13 @@ def given(argv=None):
 
 def run_options(parser, args, name, run_dir=None):
     """The `RunOptions` of parsed recipe options, named `name`; the run goes to
-    --run-dir, else to `run_dir`, else to runs/NAME. Applies --native-logs first."""
-    from keras_transformer import logs
-
-    logs.quiet_native_logs(args.native_logs)
+    --run-dir, else to `run_dir`, else to runs/NAME. A path that cannot be right
+    (`options.check_paths`) or an impossible combination is a usage error that
+    names the flags."""
+    from keras_transformer.cli.errors import flag_names, option_flags
     from keras_transformer.training.run import RunOptions
 
+    options.check_paths(parser, args)
     values = {field.name: getattr(args, field.name) for field in dataclasses.fields(RunOptions)
               if hasattr(args, field.name)}
     values["run_dir"] = args.run_dir or run_dir or f"runs/{name}"
@@ -216,15 +241,22 @@ def run_options(parser, args, name, run_dir=None):
     try:
         return RunOptions(**values, name=name)
     except ValueError as error:
-        parser.error(str(error))
+        parser.error(flag_names(str(error), option_flags(parser)))
 
 
-def model_config(args):
-    """The `TransformerConfig` of --preset and the model options given. Its vocabulary
-    sizes are --vocab-size, which `run` replaces with the learned vocabulary's."""
+def model_config(args, argv=None):
+    """The `TransformerConfig` of the recipe's model and the model options given on
+    the command line `argv` (the process's by default). With --preset given, the
+    preset replaces the recipe's own architecture (its values of
+    `ARCHITECTURE_FIELDS`); the recipe's other model defaults (warmup, label
+    smoothing, length) stay. Its vocabulary sizes are --vocab-size, which `run`
+    replaces with the learned vocabulary's."""
     from keras_transformer import TransformerConfig
 
-    overrides = {field: getattr(args, field) for field in MODEL_FIELDS
+    written = given(argv)
+    fields = MODEL_FIELDS if "preset" not in written else [
+        field for field in MODEL_FIELDS if field not in ARCHITECTURE_FIELDS or field in written]
+    overrides = {field: getattr(args, field) for field in fields
                  if getattr(args, field, None) is not None}
     if args.separate_vocabularies:
         overrides.update(target_vocab_size=args.vocab_size, share_embeddings=False)

@@ -51,7 +51,10 @@ def run(args):
     if sampling is None and args.n_best is not None and args.n_best > args.beam_size:
         raise ValueError(f"--n-best {args.n_best} is more than --beam-size {args.beam_size}: "
                          "beam search keeps beam-size hypotheses, so raise --beam-size.")
-    translator = commands.load_translator(args.model, args.max_source_length)
+    translator = commands.load_translator(args.model, args.max_source_length,
+                                          args.compute_type, args.intra_threads)
+    if translator.engine == "ctranslate2":
+        _check_ctranslate2(args, sampling)
     if args.sentences:
         unit = "sentence"
         lines = [decode(number, _argument_bytes(sentence))
@@ -72,6 +75,19 @@ def run(args):
                                          unit)
     if unreadable:
         sys.exit(2)
+
+
+def _check_ctranslate2(args, sampling):
+    """What CTranslate2 cannot do is an error, what it does otherwise a warning line."""
+    from keras_transformer.inference import ctranslate2
+    from keras_transformer.inference.translator import NO_ALIGNMENT
+
+    if args.print_alignment:
+        raise ValueError(NO_ALIGNMENT)
+    if sampling is not None:
+        print(f"warning: {ctranslate2.UNSEEDED_SAMPLES}", file=sys.stderr)
+        # The command owns its process: the line above says it once.
+        warnings.simplefilter("ignore", ctranslate2.UnseededSamplesWarning)
 
 
 def decode(number, data):
@@ -130,9 +146,28 @@ def read_batches(stream, batch_size, wait):
 
 
 def _raw_lines(stream):
-    """The lines of `stream` as they arrive (`readline`: no read-ahead past a line)."""
-    while line := stream.readline():
-        yield line
+    """The lines of `stream` as they arrive, each with its line ending.
+
+    From a file descriptor they are read with `os.read`, which returns what has
+    arrived: the reader thread of a pipe then holds no lock of Python's buffered
+    stdin while it waits, so Ctrl-C, which ends the interpreter while the thread
+    still waits, finds nothing locked (with `readline` the interpreter aborted,
+    unable to flush stdin at shutdown). An in-memory stream is read with
+    `readline`.
+    """
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # in memory
+        while line := stream.readline():
+            yield line
+        return
+    pending = b""
+    while chunk := os.read(descriptor, 1 << 16):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if pending:
+        yield pending
 
 
 def _arrives_over_time(stream):

@@ -4,353 +4,236 @@ CTranslate2 (OpenNMT's C++ inference engine) declares each architecture as a
 model spec and fills it with one small converter per training framework. This
 module is the converter for keras-transformer: it maps the weights of a trained
 `Transformer` and the token strings of its tokenizer onto
-`ctranslate2.specs.TransformerSpec` and saves a CTranslate2 model directory
-(`model.bin`, `config.json`, the vocabularies as JSON lists of tokens, and
-`keras_transformer.json`, the settings that reproduce our decoding).
+`ctranslate2.specs.TransformerSpec`. `export_ctranslate2` (and `export_model`,
+for a model in memory) writes a version folder, `EXPORT_BASE/VERSION/`, in the
+layout of a SavedModel export (`keras_transformer.export.versions`): CTranslate2's
+files (`model.bin`, `config.json`, the vocabularies as JSON lists of tokens), the
+tokenizer(s), and `keras_transformer.json`, the search it serves (beam size, α,
+n-best, length limits) with its warm-up. `keras-transformer translate`,
+`evaluate` and `serve` run it through `keras_transformer.inference.ctranslate2`;
+`convert_model` writes CTranslate2's files alone, for its own `Translator`.
 
-Every detail that changes outputs is set explicitly rather than left to
-CTranslate2's defaults:
-
-* §3.1: post-norm blocks (`pre_norm=False`), or pre-norm with a final LayerNorm
-  on each stack; LayerNorm epsilon `config.layer_norm_epsilon`.
-* §3.2: d_k = d_v per head (`head_dim` when h · d_k ≠ d_model), queries scaled
-  by 1/√d_k (CTranslate2's default); query, key and value projections fused.
-* §3.3: ReLU.
-* §3.4: embeddings multiplied by √d_model; shared source/target embeddings and
-  the tied pre-softmax projection become one weight (CTranslate2 aliases equal
-  weights); the projection's bias is the model's output bias.
-* §3.5: CTranslate2's built-in sinusoids concatenate sines and cosines and
-  count positions from 1, where §3.5 (and `sinusoidal_position_encoding`)
-  interleaves them from 0. The encoding is therefore written out as a table of
-  `source_limit(config) + LENGTH_OFFSET` rows, enough for the longest input and
-  output our decoding allows; learned positions (Table 3 row E) are their
-  tables.
-* Special ids: CTranslate2 names its special tokens by string. `unk_token`,
-  `bos_token` (= `decoder_start_token`, so decoding starts with our BOS as
-  `beam_search` does) and `eos_token` are the tokenizer's own strings at
-  `unk_id`, `bos_id` and `eos_id`, and `add_source_eos` appends EOS to the
-  source as `Translator.source_ids` does. Our search never generates padding or
-  BOS; the converter gives both a pre-softmax bias of -65504 (the float16
-  minimum, held by every compute type), so CTranslate2 never does either.
-
-With these, `translate_batch` on the source's token strings, with
-`beam_size=1`, `min_decoding_length=0` (CTranslate2's default 1 forbids an
-immediate EOS, ours does not) and `max_decoding_length` = source tokens + EOS +
-50 (§6.1), returns our greedy ids; `return_end_token=True` includes the EOS our
-ids end with. Beam search matches ours for α = 0 (`length_penalty=0`); with a
-length penalty the two differ by design: §6.1 (Wu et al.) divides by
-((5 + |Y|) / 6)^α, CTranslate2 by |Y|^α. Scores differ slightly from ours: our
-search removes padding and BOS after the softmax, CTranslate2 before it.
-
-The conversion reads weights only, so it runs under any Keras backend.
+The mapping itself, and every detail that changes outputs, is
+`keras_transformer.export.ctranslate2_spec`.
 """
 
-import collections
 import json
 import os
 
-import numpy as np
-
-from keras_transformer import run_files
+from keras_transformer import run_files, validation
+from keras_transformer.export import versions
+from keras_transformer.export.ctranslate2_spec import import_ctranslate2, transformer_spec
+from keras_transformer.inference.ctranslate2 import SETTINGS_FILE, SETTINGS_FORMAT
 from keras_transformer.inference.limits import LENGTH_OFFSET, source_limit
 
-__all__ = ["QUANTIZATIONS", "convert_model", "export_ctranslate2", "transformer_spec"]
+__all__ = ["QUANTIZATIONS", "convert_model", "export_ctranslate2", "export_model",
+           "transformer_spec"]
 
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`),
 # listed here so that the command line offers them without importing it.
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16", "float32")
 
-# The pre-softmax bias of ids the search must never produce (padding, BOS): the
-# most negative float16, so that it stays finite in every compute type.
-_NEVER = float(np.finfo(np.float16).min)
 
-SETTINGS_FILE = "keras_transformer.json"
-
-
-def _import_ctranslate2():
-    try:
-        import ctranslate2
-        import ctranslate2.specs  # noqa: F401
-    except ImportError as error:
-        raise ImportError(
-            f"Exporting to CTranslate2 needs the ctranslate2 package ({error}): install it "
-            "with `pip install ctranslate2` or `pip install keras-transformer[serving]`."
-        ) from error
-    return ctranslate2
+#: The batch sizes a version's warm-up runs (those up to the server's
+#: max_batch_size): CTranslate2 compiles nothing, but its first calls of each
+#: size allocate the memory later ones reuse.
+WARMUP_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def export_ctranslate2(model, output_dir, quantization=None, verbose=True):
-    """Converts a trained model with its tokenizer into a CTranslate2 model directory.
+def export_ctranslate2(model, export_base, version=None, quantization=None, beam_size=4,
+                       alpha=0.6, max_output_length=None, max_source_length=None, n_best=None,
+                       verbose=True):
+    """Exports a trained model with its tokenizer to `export_base/VERSION/` for CTranslate2.
+
+    The version folder holds CTranslate2's model (`model.bin`, `config.json`,
+    the vocabularies), the tokenizer(s), and `keras_transformer.json`: the
+    search the export serves (beam size, α, n-best, length limits) and its
+    warm-up, which `keras-transformer translate`, `evaluate` and `serve` read
+    (`keras_transformer.inference.ctranslate2.CTranslate2Model`).
 
     Args:
         model: A `.keras` file with its tokenizer beside it, or a run directory
             (its `model.keras`, see `keras_transformer.run_files`).
-        output_dir: The new CTranslate2 model directory. It must not exist or
-            be empty; it is written to a hidden sibling and renamed when
-            complete.
+        export_base: The model's serving directory, e.g. `ct2_models/NAME`
+            (or `saved_models/NAME`, beside SavedModel versions).
+        version: Positive integer version; None means one above the highest
+            present (1 for a new directory). An existing version is never
+            overwritten.
         quantization: None for float32 weights, or one of `QUANTIZATIONS`
             (CTranslate2's weight types, e.g. "int8", "int8_float32", "int16",
             "float16").
+        beam_size, alpha, max_output_length, n_best: The search served, as in
+            `keras_transformer.export.saved_model.export_saved_model`
+            (`translate` and `evaluate` take their own).
+        max_source_length: The longest input served (ids + EOS), longer ones
+            are truncated; None means the model's `config.max_length`.
         verbose: Whether to print where the model went.
 
     Returns:
-        `output_dir`.
+        The path of the new version directory.
 
     docs/serving.md ("CTranslate2") runs it on a model of its own.
     """
     model_path = run_files.resolve_model_path(model)
     _check_quantization(quantization)
-    _check_output_dir(output_dir)
-    _import_ctranslate2()  # before the model is loaded, to fail fast
+    options = dict(quantization=quantization, beam_size=beam_size, alpha=alpha,
+                   max_output_length=max_output_length, max_source_length=max_source_length,
+                   n_best=n_best)
+    _check_search(**options)
+    version = versions.next_version(export_base, version)
+    import_ctranslate2()  # before the model is loaded, to fail fast
     loaded, source_tokenizer, target_tokenizer = run_files.load_translation_model(model_path)
-    convert_model(loaded, source_tokenizer, target_tokenizer, output_dir, quantization)
+    path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
+                        **options)
     if verbose:
-        print(f"Exported {model_path} to {output_dir} (CTranslate2 TransformerSpec, weights "
-              f"{quantization or 'float32'})")
-    return output_dir
+        print(f"Exported {model_path} to {path} (CTranslate2 TransformerSpec, weights "
+              f"{quantization or 'float32'}; beam {beam_size}, alpha {alpha:g})")
+    return path
+
+
+def export_model(model, source_tokenizer, target_tokenizer, export_base, version=None,
+                 quantization=None, beam_size=4, alpha=0.6, max_output_length=None,
+                 max_source_length=None, n_best=None):
+    """Exports an in-memory `Transformer` and its tokenizers (any backend) to
+    `export_base/VERSION/`; arguments as in `export_ctranslate2`, whose folder it
+    writes. Returns the new version directory.
+
+    >>> import keras_transformer as kt
+    >>> from keras_transformer.data.corpora import synthetic_translation
+    >>> from keras_transformer.inference import Translator
+    >>> from keras_transformer.inference.ctranslate2 import load_ctranslate2
+    >>> from keras_transformer.tokenizers import SubwordTokenizer
+    >>> pairs = synthetic_translation(200)
+    >>> tokenizer = SubwordTokenizer.train(pairs.sources + pairs.targets, vocab_size=120)
+    >>> model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size))
+    >>> export_model(model, tokenizer, tokenizer, "ct2_models/tiny")
+    'ct2_models/tiny/1'
+    >>> ct2_model, source, target = load_ctranslate2("ct2_models/tiny")
+    >>> ours = Translator(model, tokenizer).translate(["kave tomi"], beam_size=1, alpha=0.0)
+    >>> theirs = Translator(ct2_model, source).translate(["kave tomi"], beam_size=1, alpha=0.0)
+    >>> theirs[0].ids == ours[0].ids
+    True
+    """
+    from keras_transformer.export.shapes import ServingShapes
+
+    options = dict(quantization=quantization, beam_size=beam_size, alpha=alpha,
+                   max_output_length=max_output_length, max_source_length=max_source_length,
+                   n_best=n_best)
+    _check_search(**options)
+    limit = ServingShapes.for_model(model.config, max_source_length).max_source_length
+    version = versions.next_version(export_base, version)
+    spec = _optimized_spec(model, source_tokenizer, target_tokenizer, quantization)
+    settings = _settings(model.config, source_tokenizer, target_tokenizer, **dict(
+        options, max_source_length=limit))
+    with versions.write_version(export_base, version) as partial:
+        spec.save(partial)
+        run_files.save_tokenizers(partial, source_tokenizer, target_tokenizer)
+        _write_settings(partial, settings)
+    return os.path.join(export_base, str(version))
 
 
 def convert_model(model, source_tokenizer, target_tokenizer, output_dir, quantization=None):
-    """Converts an in-memory `Transformer` and its tokenizers (any backend).
+    """Converts an in-memory `Transformer` and its tokenizers (any backend) into one
+    CTranslate2 model directory, outside the versioned layout (for CTranslate2's own
+    `Translator`, or a benchmark); the settings are the default search's.
 
-    Arguments as in `export_ctranslate2`; `target_tokenizer` is
-    `source_tokenizer` for a shared vocabulary. Returns `output_dir`.
+    Arguments as in `export_ctranslate2`, `output_dir` (absent or empty) instead of
+    the export base; `target_tokenizer` is `source_tokenizer` for a shared
+    vocabulary. Returns `output_dir`.
     """
     _check_quantization(quantization)
     _check_output_dir(output_dir)
-    spec = transformer_spec(model, source_tokenizer, target_tokenizer)
-    spec.validate()
-    spec.optimize(quantization=quantization)
-    settings = _settings(model.config, source_tokenizer, target_tokenizer, quantization)
-
+    spec = _optimized_spec(model, source_tokenizer, target_tokenizer, quantization)
+    settings = _settings(model.config, source_tokenizer, target_tokenizer, quantization,
+                         max_source_length=source_limit(model.config, model.config.max_length))
     # An empty folder at output_dir (checked above) is replaced by the rename.
     with run_files.atomic_path(output_dir) as partial:
         os.makedirs(partial)
         spec.save(partial)
-        with open(os.path.join(partial, SETTINGS_FILE), "w") as f:
-            json.dump(settings, f, indent=2)
+        _write_settings(partial, settings)
     return output_dir
 
 
-def transformer_spec(model, source_tokenizer, target_tokenizer):
-    """The `ctranslate2.specs.TransformerSpec` of a `Transformer`, filled with
-    its weights and vocabularies (not yet validated, optimized or saved).
-
-    Raises:
-        ValueError: for a model CTranslate2 cannot express (d_k ≠ d_v), or
-            tokenizers whose special tokens do not fit CTranslate2's
-            conventions.
-    """
-    ctranslate2 = _import_ctranslate2()
-    specs = ctranslate2.specs
-    config = model.config
-    key_dim, value_dim = config.resolved_key_dim, config.resolved_value_dim
-    if key_dim != value_dim:
-        raise ValueError(
-            f"CTranslate2 has one width per attention head, but the model has key_dim={key_dim} "
-            f"and value_dim={value_dim} (Table 3 row B): export it with --format saved_model."
-        )
-    head_dim = None if key_dim * config.num_heads == config.d_model else key_dim
-    pre_norm = config.norm_position == "pre"
-    relu = specs.Activation.RELU
-    encoder = specs.TransformerEncoderSpec(config.num_layers, config.num_heads,
-                                           pre_norm=pre_norm, activation=relu,
-                                           head_dim=head_dim)
-    decoder = specs.TransformerDecoderSpec(config.num_layers, config.num_heads,
-                                           pre_norm=pre_norm, activation=relu,
-                                           head_dim=head_dim)
-    spec = specs.TransformerSpec(encoder, decoder)
-
-    rows = source_limit(config) + LENGTH_OFFSET
-    _set_stack_inputs(encoder, model.source_embedding, model.source_position, rows, config)
-    _set_stack_inputs(decoder, model.target_embedding, model.target_position, rows, config)
-    for layer_spec, block in zip(encoder.layer, model.encoder_blocks):
-        _set_attention(layer_spec.self_attention, block.self_attention, block.self_attention_norm,
-                       fused=True)
-        _set_feed_forward(layer_spec.ffn, block.feed_forward, block.feed_forward_norm)
-    for layer_spec, block in zip(decoder.layer, model.decoder_blocks):
-        _set_attention(layer_spec.self_attention, block.self_attention, block.self_attention_norm,
-                       fused=True)
-        _set_attention(layer_spec.attention, block.cross_attention, block.cross_attention_norm,
-                       fused=False)
-        _set_feed_forward(layer_spec.ffn, block.feed_forward, block.feed_forward_norm)
-    if pre_norm:
-        _set_layer_norm(encoder.layer_norm, model.encoder_norm)
-        _set_layer_norm(decoder.layer_norm, model.decoder_norm)
-    _set_projection(decoder.projection, model, target_tokenizer)
-
-    source_tokens = _vocabulary(source_tokenizer, config.vocab_size, "source")
-    target_tokens = _vocabulary(target_tokenizer, config.resolved_target_vocab_size, "target")
-    tokens = _special_tokens((source_tokenizer, source_tokens),
-                             (target_tokenizer, target_tokens))
-    spec.config.unk_token = tokens["unk"]
-    spec.config.bos_token = tokens["bos"]
-    spec.config.eos_token = tokens["eos"]
-    spec.config.decoder_start_token = tokens["bos"]
-    spec.config.add_source_bos = False
-    spec.config.add_source_eos = True
-    spec.config.layer_norm_epsilon = float(config.layer_norm_epsilon)
-    spec.register_source_vocabulary(source_tokens)
-    spec.register_target_vocabulary(target_tokens)
+def _optimized_spec(model, source_tokenizer, target_tokenizer, quantization):
+    spec = transformer_spec(model, source_tokenizer, target_tokenizer)
+    spec.validate()
+    spec.optimize(quantization=quantization)
     return spec
 
 
-# The weights, layer by layer. Keras kernels are (inputs, outputs); CTranslate2
-# linear weights are (outputs, inputs).
+def _write_settings(folder, settings):
+    with open(os.path.join(folder, SETTINGS_FILE), "w", encoding="utf-8") as file:
+        json.dump(settings, file, indent=2)
 
 
-def _numpy(variable):
-    import keras
-
-    return np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float32)
-
-
-def _set_linear(spec, kernel, bias):
-    spec.weight = np.ascontiguousarray(kernel.T)
-    spec.bias = bias
-
-
-def _set_layer_norm(spec, norm):
-    spec.gamma = _numpy(norm.gamma)
-    spec.beta = _numpy(norm.beta)
-
-
-def _set_stack_inputs(spec, embedding, position, rows, config):
-    """§3.4 scaled embeddings and §3.5 positions of one stack."""
-    from keras_transformer.layers.embedding import sinusoidal_position_encoding
-
-    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
-    embeddings.weight = _numpy(embedding.embeddings)
-    spec.scale_embeddings = True  # × √d_model
-    if config.position_encoding == "learned":
-        spec.position_encodings.encodings = _numpy(position.position_embeddings)
-    else:
-        spec.position_encodings.encodings = _numpy(
-            sinusoidal_position_encoding(rows, config.d_model))
-
-
-def _set_attention(spec, attention, norm, fused):
-    """§3.2.2: the query, key and value projections (fused as CTranslate2 wants:
-    all three for self-attention, keys and values for encoder-decoder
-    attention), the output projection and the sublayer's LayerNorm."""
-    def projection(dense):
-        kernel = _numpy(dense.kernel)  # (d_model, heads, head_dim)
-        return kernel.reshape(kernel.shape[0], -1), _numpy(dense.bias).reshape(-1)
-
-    parts = [projection(attention.query_dense), projection(attention.key_dense),
-             projection(attention.value_dense)]
-    groups = [parts] if fused else [parts[:1], parts[1:]]
-    for linear, group in zip(spec.linear, groups):
-        _set_linear(linear, np.concatenate([kernel for kernel, _ in group], axis=1),
-                    np.concatenate([bias for _, bias in group]))
-    output = _numpy(attention.output_dense.kernel)  # (heads, head_dim, d_model)
-    _set_linear(spec.linear[-1], output.reshape(-1, output.shape[-1]),
-                _numpy(attention.output_dense.bias))
-    _set_layer_norm(spec.layer_norm, norm)
-
-
-def _set_feed_forward(spec, feed_forward, norm):
-    """§3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, with its sublayer's LayerNorm."""
-    for linear, dense in ((spec.linear_0, feed_forward.inner_dense),
-                          (spec.linear_1, feed_forward.output_dense)):
-        _set_linear(linear, _numpy(dense.kernel), _numpy(dense.bias))
-    _set_layer_norm(spec.layer_norm, norm)
-
-
-def _set_projection(spec, model, target_tokenizer):
-    """§3.4 pre-softmax linear transformation, tied or not, with padding and
-    BOS made impossible as our search makes them."""
-    if model.output_projection is None:
-        embedding = model.target_embedding
-        weight = _numpy(embedding.embeddings)
-        bias = (np.zeros(weight.shape[0], np.float32) if embedding.output_bias is None
-                else _numpy(embedding.output_bias))
-    else:
-        weight = _numpy(model.output_projection.kernel).T
-        bias = _numpy(model.output_projection.bias)
-    bias = bias.copy()
-    bias[[model.config.pad_id, target_tokenizer.bos_id]] = _NEVER
-    spec.weight = np.ascontiguousarray(weight)
-    spec.bias = bias
-
-
-# Vocabularies and special tokens.
-
-
-def _vocabulary(tokenizer, model_vocab_size, side):
-    """The token string of every id, padded to the model's vocabulary with
-    placeholders for ids the tokenizer does not have."""
-    if tokenizer.vocab_size > model_vocab_size:
-        raise ValueError(
-            f"The {side} tokenizer has {tokenizer.vocab_size} tokens but the model only "
-            f"{model_vocab_size}: export the model with the tokenizer it was trained with.")
-    layer = getattr(tokenizer, "layer", None)
-    if layer is not None and hasattr(layer, "get_vocabulary"):
-        tokens = [str(token) for token in layer.get_vocabulary()]
-    elif hasattr(tokenizer, "id_to_token"):
-        tokens = [str(tokenizer.id_to_token(i)) for i in range(tokenizer.vocab_size)]
-    else:
-        raise TypeError(
-            f"The {side} tokenizer ({type(tokenizer).__name__}) gives no token strings: "
-            "CTranslate2 needs `id_to_token(id)` (or `layer.get_vocabulary()`).")
-    if len(tokens) != tokenizer.vocab_size:
-        raise ValueError(
-            f"The {side} tokenizer lists {len(tokens)} tokens but has vocab_size="
-            f"{tokenizer.vocab_size}: its files do not belong together.")
-    taken = set(tokens)
-    if len(taken) != len(tokens):
-        counts = collections.Counter(tokens)
-        repeated = sorted(token for token, count in counts.items() if count > 1)[:5]
-        raise ValueError(
-            f"The {side} vocabulary repeats tokens ({repeated}): CTranslate2 finds ids by "
-            "token string, so every token must be unique.")
-    for token_id in range(len(tokens), model_vocab_size):
-        placeholder = f"<keras_transformer_unused_{token_id}>"
-        if placeholder in taken:
-            raise ValueError(f"The {side} vocabulary already holds {placeholder!r}, the name "
-                             f"given to id {token_id}, which the tokenizer does not have.")
-        tokens.append(placeholder)
-    return tokens
-
-
-def _special_tokens(*sides):
-    """unk, bos and eos as strings, the same on both sides (CTranslate2 has one
-    name for each). `sides`: (tokenizer, token strings) pairs."""
-    names = {}
-    for name in ("unk", "bos", "eos"):
-        found = set()
-        for tokenizer, tokens in sides:
-            token_id = getattr(tokenizer, f"{name}_id", None)
-            if token_id is None:
-                raise TypeError(f"{type(tokenizer).__name__} has no {name}_id: CTranslate2 "
-                                "needs the unknown, begin and end tokens.")
-            found.add(tokens[token_id])
-        if len(found) != 1:
-            raise ValueError(
-                f"The source and target tokenizers name their {name} token differently "
-                f"({sorted(found)}): CTranslate2 has one {name}_token for both vocabularies.")
-        names[name] = found.pop()
-    return names
-
-
-def _settings(config, source_tokenizer, target_tokenizer, quantization):
-    """What reproduces our decoding with `translate_batch` (see the module docstring)."""
-    return {
-        "format": "keras_transformer.ctranslate2/1",
+def _settings(config, source_tokenizer, target_tokenizer, quantization, beam_size=4,
+              alpha=0.6, max_output_length=None, max_source_length=None, n_best=None):
+    """The export's settings: the search it serves, as a SavedModel's metadata
+    holds it (`keras_transformer.export.saved_model`), and how CTranslate2 runs it."""
+    tokens = max_source_length - 1
+    settings = {
+        "format": SETTINGS_FORMAT,
+        "engine": "ctranslate2",
         "quantization": quantization or "float32",
-        "translate_batch": {
-            "max_input_length": source_limit(config),
-            "max_decoding_length": f"source tokens + EOS + {LENGTH_OFFSET}",
-            "min_decoding_length": 0,
-            "beam_size": 4,
-            "length_penalty": "0 reproduces our α = 0; §6.1's ((5 + |Y|) / 6)^α has no "
-                              "CTranslate2 equivalent",
-        },
+        "config": config.to_dict(),
+        "beam_size": int(beam_size),
+        "alpha": float(alpha),
+        "max_output_length": max_output_length,
+        "max_source_tokens": tokens,
+        "pad_id": source_tokenizer.pad_id,
+        "source_tokenizer": source_tokenizer.kind,
+        "target_tokenizer": target_tokenizer.kind,
+        "truncation": (f"a sentence over {tokens} tokens keeps its first {tokens}, then EOS; "
+                       "truncated is true for it"),
         "special_ids": {"pad": config.pad_id, "unk": target_tokenizer.unk_id,
                         "bos": target_tokenizer.bos_id, "eos": target_tokenizer.eos_id},
-        "config": config.to_dict(),
+        "translate_batch": {
+            "max_decoding_length": f"source tokens + EOS + {LENGTH_OFFSET}, or "
+                                   "max_output_length",
+            "min_decoding_length": 0,
+            "length_penalty": "alpha while the beam runs (|Y|^alpha), then the beam_size "
+                              "hypotheses ranked by §6.1's ((5 + |Y|) / 6)^alpha",
+        },
+        "warmup": {"sentence": _warmup_word(source_tokenizer),
+                   "batch_sizes": list(WARMUP_BATCH_SIZES)},
+        "signatures": {
+            "serving_default": "inputs: (batch,) string -> translations: (batch,) string, "
+                               "truncated: (batch,) bool",
+            "translate_ids": "source_ids: (batch, S) int32 ids + EOS, padded with pad_id -> "
+                             "ids: (batch, L) int32, scores: (batch,) float32, "
+                             "truncated: (batch,) bool",
+        },
     }
+    if n_best is not None:
+        settings["n_best"] = int(n_best)
+        settings["signatures"]["translate_n_best"] = (
+            f"inputs: (batch,) string -> translations: (batch, {n_best}) string, best first, "
+            f"scores: (batch, {n_best}) float32, truncated: (batch,) bool")
+    return settings
+
+
+def _warmup_word(tokenizer):
+    """A word of the source vocabulary, for the warm-up requests."""
+    for token_id in range(tokenizer.vocab_size):
+        if token_id not in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id,
+                            tokenizer.unk_id):
+            word = tokenizer.detokenize([[token_id]])[0].strip()
+            if word:
+                return word
+    return "a"
+
+
+def _check_search(quantization, beam_size, alpha, max_output_length, max_source_length,
+                  n_best):
+    from keras_transformer.export.saved_model import check_n_best
+    from keras_transformer.inference.search import check_search_options
+
+    _check_quantization(quantization)
+    check_search_options(beam_size, alpha, max_output_length)
+    check_n_best(n_best, beam_size)
+    if max_source_length is not None:
+        validation.check_positive_int("max_source_length", max_source_length)
 
 
 def _check_quantization(quantization):

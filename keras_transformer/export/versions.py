@@ -2,9 +2,11 @@
 
 An export base (e.g. `saved_models/NAME/`) holds one folder per version,
 `1/`, `2/`, ..., each a SavedModel with `assets.extra/keras_transformer.json`
-(the export's settings) beside its variables. TensorFlow Serving, and our
-built-in server (`keras_transformer.serving`), load the highest
-version and ignore other names.
+(the export's settings) beside its variables, or a CTranslate2 export
+(`keras_transformer.export.ctranslate2`: `model.bin`, `config.json` and the
+settings in `keras_transformer.json`). TensorFlow Serving loads the highest
+SavedModel version; our built-in server (`keras_transformer.serving`) and
+command line load the highest version of either engine. Both ignore other names.
 
 A version is written by `write_version`: into a hidden folder beside its final
 place, renamed when complete, so a killed export never leaves a half-written
@@ -17,6 +19,7 @@ import json
 import os
 
 from keras_transformer import run_files, validation
+from keras_transformer.inference.ctranslate2 import is_ctranslate2_export
 
 #: The export's settings, beside the variables, where TensorFlow Serving
 #: keeps extra assets.
@@ -87,21 +90,42 @@ def read_metadata(version_path):
         return json.load(f)
 
 
+def is_version(path):
+    """Whether `path` is a complete version folder of either engine: a SavedModel
+    with its export settings, or a CTranslate2 export."""
+    return is_ctranslate2_export(path) or all(
+        os.path.exists(os.path.join(path, name)) for name in ("saved_model.pb", METADATA_PATH))
+
+
+def engine(version_path):
+    """"ctranslate2" for a CTranslate2 export, "saved_model" otherwise."""
+    return "ctranslate2" if is_ctranslate2_export(version_path) else "saved_model"
+
+
+def is_version_folder(path):
+    """Whether `path` is itself a version (a SavedModel or a CTranslate2 export)
+    rather than an export base holding versions."""
+    return os.path.exists(os.path.join(path, "saved_model.pb")) or is_ctranslate2_export(path)
+
+
 def latest_version_path(path):
-    """`path` if it is a SavedModel; else the highest version under it."""
-    if os.path.exists(os.path.join(path, "saved_model.pb")):
+    """`path` if it is a version itself (`is_version_folder`); else the highest
+    version under it."""
+    if is_version_folder(path):
         return path
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"No SavedModel directory at {path!r}.")
+        raise FileNotFoundError(f"No exported model at {path!r}.")
     found = versions(path)
     if not found:
         raise FileNotFoundError(
-            f"{path!r} holds no version directory (1/, 2/, ... with saved_model.pb): export "
-            "one with `keras-transformer export MODEL " + path + "`."
+            f"{path!r} holds no version directory (1/, 2/, ... with saved_model.pb, or a "
+            "CTranslate2 export): export one with `keras-transformer export MODEL " + path +
+            "` (add --format ctranslate2 for CTranslate2)."
         )
     version_path = os.path.join(path, str(found[-1]))
-    if not os.path.exists(os.path.join(version_path, "saved_model.pb")):
-        raise FileNotFoundError(f"{version_path!r} has no saved_model.pb: export it again.")
+    if not is_version_folder(version_path):
+        raise FileNotFoundError(f"{version_path!r} holds neither a saved_model.pb nor a "
+                                "CTranslate2 export: export it again.")
     return version_path
 
 

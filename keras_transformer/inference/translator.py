@@ -1,12 +1,14 @@
 """§6.1 Machine Translation: from source text to translated text.
 
-`Translator` joins a trained `Transformer` and its tokenizer (or a source and
-a target tokenizer for separate vocabularies): it tokenizes the sentences,
-appends the end-of-sentence id (the encoder input, no BOS), sorts them by
-length so that each batch holds sentences of similar length, runs
-`beam_search` batch by batch, and detokenizes the best hypotheses (or the
-n best of each sentence) back into the caller's order, one `Translation` per
-sentence.
+`Translator` joins a trained model and its tokenizer (or a source and a target
+tokenizer for separate vocabularies): it tokenizes the sentences, appends the
+end-of-sentence id (the encoder input, no BOS), sorts them by length so that
+each batch holds sentences of similar length, searches batch by batch, and
+detokenizes the best hypotheses (or the n best of each sentence) back into the
+caller's order, one `Translation` per sentence. The model is a `Transformer`,
+searched by `beam_search` and `sample_search`, or a CTranslate2 export
+(`keras_transformer.inference.ctranslate2.CTranslate2Model`), searched by
+CTranslate2 with the same settings and limits.
 
 Tokenizers are duck-typed. They need the attributes `pad_id`, `bos_id`,
 `eos_id` and `vocab_size`, `tokenize(list_of_str) -> list[list[int]]` (ids
@@ -29,6 +31,9 @@ from keras_transformer.inference.search import check_model, check_search_options
 
 __all__ = ["Hypothesis", "SourceTruncatedWarning", "Translation", "Translator"]
 
+#: Why a CTranslate2 export gives no alignment.
+NO_ALIGNMENT = ("CTranslate2 gives no alignment from our encoder-decoder attention: translate "
+                "with the Keras model (its run directory or .keras file) for alignments.")
 _TOKENIZER_ATTRIBUTES = ("pad_id", "bos_id", "eos_id", "vocab_size")
 _TOKENIZER_METHODS = ("tokenize", "detokenize")
 
@@ -105,7 +110,8 @@ class Translator:
     `keras_transformer.export.shapes`).
 
     Args:
-        model: A trained `keras_transformer.Transformer`.
+        model: A trained `keras_transformer.Transformer`, or a CTranslate2 export
+            of one (`keras_transformer.inference.ctranslate2.CTranslate2Model`).
         tokenizer: The tokenizer the model was trained with (see the module
             docstring for the protocol); with `target_tokenizer`, the source
             side's. Its `pad_id` must be the model's `config.pad_id`.
@@ -138,9 +144,10 @@ class Translator:
     """
 
     def __init__(self, model, tokenizer, target_tokenizer=None, max_source_length=None):
-        check_model(model)
+        self._search = _search_of(model)
         config = model.config
         self._max_source_length = source_limit(config, max_source_length)
+        self._search.max_source_length = self._max_source_length
         _check_tokenizer(tokenizer, config, "tokenizer", config.vocab_size)
         name = "tokenizer" if target_tokenizer is None else "target_tokenizer"
         if target_tokenizer is None:
@@ -153,6 +160,12 @@ class Translator:
     @property
     def model(self):
         return self._model
+
+    @property
+    def engine(self):
+        """The engine that searches: "keras" (`beam_search`, `sample_search`) or
+        "ctranslate2" (a `CTranslate2Model`)."""
+        return "ctranslate2" if isinstance(self._search, _CTranslate2Search) else "keras"
 
     @property
     def tokenizer(self):
@@ -260,14 +273,7 @@ class Translator:
             very few tokens) is `("", -inf)`.
         """
         validation.check_positive_int("batch_size", batch_size)
-        if sampling is None:
-            check_search_options(beam_size, alpha, max_output_length, num_return)
-        elif not isinstance(sampling, Sampling):
-            raise TypeError(f"sampling must be a Sampling (e.g. Sampling(top_p=0.9, seed=1)) "
-                            f"or None for beam search, got {type(sampling).__name__}.")
-        else:
-            check_search_options(max_output_length=max_output_length)
-            validation.check_positive_int("num_return", num_return)
+        _check_search(sampling, beam_size, alpha, max_output_length, num_return)
         sources, truncated = self.source_ids(sentences, return_truncated=True)
         count = len(sources)
         if stream_ids is None:
@@ -275,10 +281,74 @@ class Translator:
         elif len(stream_ids) != count:
             raise ValueError(f"stream_ids has {len(stream_ids)} ids for {count} sentences: "
                              "give one per sentence.")
-        # num_return hypotheses per sentence: (ids, score, alignment) each.
+        options = dict(beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
+                       num_return=num_return, sampling=sampling,
+                       return_alignment=return_alignment)
+        # num_return hypotheses per sentence: (ids, score, alignment) each; an empty
+        # sentence needs no search.
         found = [[([], 0.0, [] if return_alignment else None)] * num_return
                  for _ in range(count)]
-        pad_id, eos_id = self._model.config.pad_id, self._target_tokenizer.eos_id
+        # Longest first, so a batch holds similar lengths and little padding.
+        order = sorted((i for i in range(count) if sources[i]), key=lambda i: -len(sources[i]))
+        progress = keras.utils.Progbar(count, unit_name="sentence") if verbose and count else None
+        done = count - len(order)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            hypotheses = self._search([sources[i] for i in rows], self._target_tokenizer,
+                                      stream_ids=[stream_ids[i] for i in rows], **options)
+            for row, row_hypotheses in zip(rows, hypotheses):
+                found[row] = row_hypotheses
+            done += len(rows)
+            if progress is not None:
+                progress.update(done)
+        if progress is not None and not order:
+            progress.update(count)
+        return self._translations(found, truncated)
+
+    def _translations(self, found, truncated):
+        """One `Translation` per sentence, its hypotheses detokenized."""
+        eos_id = self._target_tokenizer.eos_id
+        texts = iter(self._target_tokenizer.detokenize(
+            [[t for t in ids if t != eos_id] for row in found for ids, _, _ in row]))
+        return [Translation([Hypothesis(str(next(texts)), score, ids, alignment)
+                             for ids, score, alignment in row], cut)
+                for row, cut in zip(found, truncated)]
+
+
+def _check_search(sampling, beam_size, alpha, max_output_length, num_return):
+    if sampling is None:
+        check_search_options(beam_size, alpha, max_output_length, num_return)
+    elif not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling must be a Sampling (e.g. Sampling(top_p=0.9, seed=1)) "
+                        f"or None for beam search, got {type(sampling).__name__}.")
+    else:
+        check_search_options(max_output_length=max_output_length)
+        validation.check_positive_int("num_return", num_return)
+
+
+def _search_of(model):
+    """The search of `Translator`'s model: `search(sources, target_tokenizer,
+    stream_ids, beam_size, alpha, max_output_length, num_return, sampling,
+    return_alignment)`, giving each source's `num_return` (ids, score,
+    alignment) hypotheses."""
+    from keras_transformer.inference.ctranslate2 import CTranslate2Model
+
+    if isinstance(model, CTranslate2Model):
+        return _CTranslate2Search(model)
+    check_model(model)
+    return _KerasSearch(model)
+
+
+class _KerasSearch:
+    """`beam_search` and `sample_search` of a `Transformer`, on batches padded to a
+    width of `source_width` (no more than `max_source_length`, the translator's)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.max_source_length = source_limit(model.config)
+
+    def __call__(self, sources, target_tokenizer, stream_ids, beam_size, alpha,
+                 max_output_length, num_return, sampling, return_alignment):
         options = dict(max_output_length=max_output_length, num_return=num_return,
                        return_alignment=return_alignment)
         if sampling is None:
@@ -286,51 +356,47 @@ class Translator:
             options.update(beam_size=beam_size, alpha=alpha)
         else:
             search = sample_search
-            options.update(dataclasses.asdict(sampling))
-        # Longest first, so a batch holds similar lengths and little padding.
-        order = sorted((i for i in range(count) if sources[i]), key=lambda i: -len(sources[i]))
-        progress = keras.utils.Progbar(count, unit_name="sentence") if verbose and count else None
-        done = count - len(order)  # empty sentences need no decoding
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            if sampling is not None:  # each sentence keeps its own random stream
-                options["stream_ids"] = [stream_ids[i] for i in rows]
-            ids, scores, *positions = search(
-                self._model,
-                self._pad([sources[i] for i in rows]),
-                self._target_tokenizer.bos_id,
-                self._target_tokenizer.eos_id,
-                **options,
-            )
-            ids = ids.reshape(len(rows), num_return, ids.shape[-1])
-            scores = scores.reshape(len(rows), num_return)
-            positions = positions[0].reshape(ids.shape) if return_alignment else None
-            for index, row in enumerate(rows):
-                found[row] = [
-                    ([int(t) for t in ids[index, k] if t != pad_id], float(scores[index, k]),
-                     None if positions is None else
-                     [int(p) for t, p in zip(ids[index, k], positions[index, k])
-                      if t not in (pad_id, eos_id)])
-                    for k in range(num_return)]
-            done += len(rows)
-            if progress is not None:
-                progress.update(done)
-        if progress is not None and not order:
-            progress.update(count)
+            options.update(dataclasses.asdict(sampling), stream_ids=stream_ids)
+        pad_id, eos_id = self.model.config.pad_id, target_tokenizer.eos_id
+        ids, scores, *positions = search(self.model, self._pad(sources, pad_id),
+                                         target_tokenizer.bos_id, eos_id, **options)
+        ids = ids.reshape(len(sources), num_return, ids.shape[-1])
+        scores = scores.reshape(len(sources), num_return)
+        positions = positions[0].reshape(ids.shape) if return_alignment else None
+        return [[([int(t) for t in ids[row, k] if t != pad_id], float(scores[row, k]),
+                  None if positions is None else
+                  [int(p) for t, p in zip(ids[row, k], positions[row, k])
+                   if t not in (pad_id, eos_id)])
+                 for k in range(num_return)]
+                for row in range(len(sources))]
 
-        texts = iter(self._target_tokenizer.detokenize(
-            [[t for t in ids if t != eos_id] for row in found for ids, _, _ in row]))
-        return [Translation([Hypothesis(str(next(texts)), score, ids, alignment)
-                             for ids, score, alignment in row], cut)
-                for row, cut in zip(found, truncated)]
-
-    def _pad(self, sources):
+    def _pad(self, sources, pad_id):
         """(batch, width) int32 matrix, of the width `source_width` gives."""
         width = source_width(max(len(ids) for ids in sources), self.max_source_length)
-        matrix = np.full((len(sources), width), self._tokenizer.pad_id, "int32")
+        matrix = np.full((len(sources), width), pad_id, "int32")
         for row, ids in enumerate(sources):
             matrix[row, : len(ids)] = ids
         return matrix
+
+
+class _CTranslate2Search:
+    """The same search by CTranslate2 (`CTranslate2Model.search`)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.max_source_length = source_limit(model.config)
+
+    def __call__(self, sources, target_tokenizer, stream_ids, beam_size, alpha,
+                 max_output_length, num_return, sampling, return_alignment):
+        if return_alignment:
+            raise ValueError(NO_ALIGNMENT)
+        if sampling is not None:
+            sampling = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
+        found = self.model.search(sources, target_tokenizer.bos_id, target_tokenizer.eos_id,
+                                  beam_size=beam_size, alpha=alpha,
+                                  max_output_length=max_output_length, num_return=num_return,
+                                  sampling=sampling, stream_ids=stream_ids)
+        return [[(ids, score, None) for ids, score in row] for row in found]
 
 
 def _check_sentences(sentences):

@@ -9,9 +9,9 @@ a version that failed to load is not retried). A new version is loaded and warme
 served one; only then is it AVAILABLE, and the old one is unloaded (requests
 already queued for it still finish on it). Exports appear atomically (a
 hidden folder renamed when complete, see
-`keras_transformer.export.versions`), and a version folder without its
-`saved_model.pb` and export settings is never loaded, so a half-written
-version is never served. A version that fails to load is reported with its
+`keras_transformer.export.versions`), and a version folder that is not a
+complete SavedModel or CTranslate2 export (`versions.is_version`) is never
+loaded, so a half-written version is never served. A version that fails to load is reported with its
 error and the served one stays.
 
 Version states are TensorFlow Serving's: START, LOADING, AVAILABLE,
@@ -38,7 +38,7 @@ class ModelManager:
 
     def __init__(self, base_path, load, poll_seconds=1.0, log=print):
         self.base_path = os.path.normpath(base_path)
-        self._single = os.path.exists(os.path.join(self.base_path, "saved_model.pb"))
+        self._single = versions.is_version_folder(self.base_path)
         self._load = load
         self._log = log
         self._poll_seconds = 0 if self._single else poll_seconds
@@ -94,9 +94,7 @@ class ModelManager:
         } for version, (state, error) in states]}
 
     def _complete(self, version):
-        folder = os.path.join(self.base_path, str(version))
-        return all(os.path.exists(os.path.join(folder, name))
-                   for name in ("saved_model.pb", versions.METADATA_PATH))
+        return versions.is_version(os.path.join(self.base_path, str(version)))
 
     def _set_state(self, version, state, error=""):
         with self._lock:

@@ -38,6 +38,11 @@ class ServerOptions:
             (TensorFlow Serving's flag); 0 disables polling.
         warmup_threads: Warm-up requests replayed at once.
         batching: `BatchingParameters`.
+        compute_type: CTranslate2's compute type for a CTranslate2 export
+            (`keras_transformer.inference.ctranslate2.COMPUTE_TYPES`; "default"
+            keeps the type its weights were exported in).
+        intra_threads: CTranslate2's threads per batch; 0 shares the cores
+            among the `num_batch_threads` batches run at once.
 
     Raises:
         ValueError: naming the option that is out of range.
@@ -59,8 +64,14 @@ class ServerOptions:
     file_system_poll_wait_seconds: float = 1.0
     warmup_threads: int = 2
     batching: BatchingParameters = BatchingParameters()
+    compute_type: str = "default"
+    intra_threads: int = 0
 
     def __post_init__(self):
+        from keras_transformer.inference.ctranslate2 import COMPUTE_TYPES
+
+        validation.check_choice("compute_type", self.compute_type, COMPUTE_TYPES)
+        validation.check_non_negative_int("intra_threads", self.intra_threads)
         for name in ("max_instances", "max_chars", "max_body_bytes", "max_connections",
                      "max_concurrent_requests", "backlog", "warmup_threads"):
             validation.check_positive_int(name, getattr(self, name))

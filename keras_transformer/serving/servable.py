@@ -155,6 +155,8 @@ class Servable:
         max_chars: Most characters per sentence (ids per id list).
     """
 
+    engine = "saved_model"
+
     def __init__(self, version_path, max_instances, max_chars):
         self.loaded, self.version_path = versions.load_saved_model(version_path)
         missing = [s for s in SIGNATURES if s not in self.loaded.signatures]

@@ -71,7 +71,7 @@ class TranslationServer:
         # Fail at once, before binding, when there is nothing to serve.
         versions.latest_version_path(base_path)
         base = os.path.normpath(base_path)
-        if os.path.exists(os.path.join(base, "saved_model.pb")):
+        if versions.is_version_folder(base):
             base_name = os.path.dirname(os.path.abspath(base))
         else:
             base_name = os.path.abspath(base)
@@ -91,11 +91,33 @@ class TranslationServer:
 
     # Lifecycle.
 
+    def _open(self, version_path):
+        """The servable of a version: a SavedModel's, or a CTranslate2 export's run
+        with the options' compute type, one CTranslate2 call per batch thread."""
+        options = self.options
+        if versions.engine(version_path) == "saved_model":
+            given = [flag for flag, value in (("compute_type", options.compute_type != "default"),
+                                              ("intra_threads", options.intra_threads)) if value]
+            if given:
+                verb = "applies" if len(given) == 1 else "apply"
+                raise ValueError(f"{' and '.join(given)} {verb} only to CTranslate2 exports, "
+                                 f"and {version_path!r} is a SavedModel.")
+            return Servable(version_path, options.max_instances, options.max_chars)
+        from keras_transformer.serving.ctranslate2 import CTranslate2Servable
+
+        threads = options.batching.num_batch_threads
+        return CTranslate2Servable(
+            version_path, options.max_instances, options.max_chars, options.compute_type,
+            intra_threads=options.intra_threads or max(1, (os.cpu_count() or 1) // threads),
+            inter_threads=threads)
+
     def _load_servable(self, version_path):
-        servable = Servable(version_path, self.options.max_instances, self.options.max_chars)
+        servable = self._open(version_path)
         batching = self.options.batching
         start = time.perf_counter()
-        self._log(f"Warming up version {servable.version} (XLA compiles each shape once)")
+        self._log(f"Warming up version {servable.version} ("
+                  + ("XLA compiles each shape once)" if servable.engine == "saved_model"
+                     else f"CTranslate2, {self.options.compute_type} compute type)"))
 
         def progress(done, total):  # about every quarter, so a slow warm-up shows life
             if done == total or done % max(1, total // 4) == 0:
@@ -160,7 +182,8 @@ class TranslationServer:
 
     def serve_forever(self):
         """Binds, loads and serves until SIGTERM or Ctrl-C (in the main
-        thread); then answers the requests in flight and returns."""
+        thread); then answers the requests in flight and returns the signal
+        that stopped it (`signal.SIGTERM` or `signal.SIGINT`)."""
         self._bind_and_load()
         self._log(f"Serving {self.name} at {self.url} (POST :predict); loading and warming up "
                   "the latest version")
@@ -170,6 +193,7 @@ class TranslationServer:
             self._stop_backend()
         if self._load_error is not None:
             raise self._load_error
+        return self._server.exit_signal
 
     def start(self):
         """Starts serving on a background thread (no signal handling); returns
@@ -356,12 +380,16 @@ def _graceful_server_class():
 
     class GracefulServer(uvicorn.Server):
         """uvicorn's server, except that after a graceful shutdown on SIGTERM
-        or SIGINT it returns (so the batch threads stop cleanly and the
-        process exits with status 0) instead of raising the signal again."""
+        or SIGINT it returns, the signal in `exit_signal` (so that the batch
+        threads stop cleanly before the command line ends with the signal's
+        status), instead of raising the signal again."""
+
+        exit_signal = None
 
         def handle_exit(self, sig, frame):
             super().handle_exit(sig, frame)
             self._captured_signals.clear()
+            self.exit_signal = sig
 
     return GracefulServer
 
@@ -386,6 +414,7 @@ def _reject_constant(name):
 
 
 def serve(base_path, options=ServerOptions()):
-    """Serves until SIGTERM or Ctrl-C (blocking)."""
+    """Serves until SIGTERM or Ctrl-C (blocking); returns the signal that
+    stopped the server."""
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    TranslationServer(base_path, options).serve_forever()
+    return TranslationServer(base_path, options).serve_forever()

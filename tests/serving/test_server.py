@@ -1,5 +1,6 @@
 """The TF-Serving-style server (`keras_transformer.serving`) over a
-tiny exported model: client mistakes down to malformed HTTP answered with a
+tiny exported model, once as a SavedModel and once as a CTranslate2 export (every
+test runs for both engines): client mistakes down to malformed HTTP answered with a
 4xx JSON error and the server still serving, batching that answers what
 serial requests answer, a full batch queue answered 503, versions picked up
 only once complete and warmed up, a SIGTERM that answers the requests in
@@ -31,7 +32,7 @@ import types
 import keras
 import numpy as np
 import pytest
-from helpers import REPOSITORY
+from helpers import REPOSITORY, require
 
 from keras_transformer.serving import (
     BatchingParameters,
@@ -162,13 +163,11 @@ def _fresh_keras_state():
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def network():
     """A tiny model with random weights, scaled up so that its greedy
-    translations differ from sentence to sentence, exported greedy as
-    `saved_models/tiny/1` with one compiled shape."""
+    translations differ from sentence to sentence, and its tokenizer."""
     import keras_transformer as kt
     from keras_transformer.data.corpora import synthetic_translation
-    from keras_transformer.export.saved_model import export_model
     from keras_transformer.tokenizers import SubwordTokenizer
 
     keras.utils.set_random_seed(0)
@@ -180,15 +179,57 @@ def model(tmp_path_factory):
     for weight in network.weights:
         if not weight.path.endswith(("gamma", "beta")):  # layer norms keep theirs
             weight.assign(rng.normal(0.0, 0.5, weight.shape).astype("float32"))
-    base = str(tmp_path_factory.mktemp("serving") / "saved_models" / NAME)
-    version_path = export_model(network, tokenizer, tokenizer, base, beam_size=1, alpha=0.0,
-                                max_output_length=16, batch_sizes=(4,),
-                                lengths=(MAX_SOURCE_LENGTH,))
+    # Padding and BOS out of the softmax, as CTranslate2's export puts them: both
+    # engines then score from the same distribution.
+    bias = network.target_embedding.output_bias
+    values = np.array(keras.ops.convert_to_numpy(bias))
+    values[[tokenizer.pad_id, tokenizer.bos_id]] = -1e9
+    bias.assign(values)
+    return types.SimpleNamespace(network=network, tokenizer=tokenizer, corpus=corpus)
+
+
+def export(network, base, engine):
+    """`network` exported greedy to `base/1` for `engine`: a SavedModel with one
+    compiled shape, or a CTranslate2 export with the same search and limits."""
+    search = dict(beam_size=1, alpha=0.0, max_output_length=16)
+    if engine == "saved_model":
+        from keras_transformer.export.saved_model import export_model
+
+        return export_model(network.network, network.tokenizer, network.tokenizer, base,
+                            batch_sizes=(4,), lengths=(MAX_SOURCE_LENGTH,), **search)
+    require("ctranslate2")
+    from keras_transformer.export.ctranslate2 import export_model
+
+    return export_model(network.network, network.tokenizer, network.tokenizer, base,
+                        max_source_length=MAX_SOURCE_LENGTH, **search)
+
+
+@pytest.fixture(scope="module")
+def exported(network, tmp_path_factory):
+    """`exported(engine)`: the path of the tiny model's version 1 for `engine`,
+    exported on first use."""
+    paths = {}
+
+    def version_path(engine):
+        if engine not in paths:
+            base = str(tmp_path_factory.mktemp(engine) / "saved_models" / NAME)
+            paths[engine] = export(network, base, engine)
+        return paths[engine]
+
+    return version_path
+
+
+@pytest.fixture(scope="module", params=["saved_model", "ctranslate2"])
+def model(request, network, exported):
+    """The tiny model exported as `saved_models/tiny/1` for one engine."""
+    version_path = exported(request.param)
+    base = os.path.dirname(version_path)
     # A sentence over the longest input (it is truncated), short enough to be taken.
-    long_sentence = " ".join(corpus.sources[:7])[:MAX_CHARS].rsplit(" ", 1)[0]
-    assert len(tokenizer.tokenize([long_sentence])[0]) + 1 > MAX_SOURCE_LENGTH
-    return types.SimpleNamespace(base=base, version_path=version_path, tokenizer=tokenizer,
-                                 corpus=corpus, long_sentence=long_sentence)
+    long_sentence = " ".join(network.corpus.sources[:7])[:MAX_CHARS].rsplit(" ", 1)[0]
+    assert len(network.tokenizer.tokenize([long_sentence])[0]) + 1 > MAX_SOURCE_LENGTH
+    return types.SimpleNamespace(base=base, version_path=version_path, engine=request.param,
+                                 tokenizer=network.tokenizer, corpus=network.corpus,
+                                 long_sentence=long_sentence)
 
 
 def start_server(base, log, **options):
@@ -534,7 +575,7 @@ def test_an_over_long_sentence_is_truncated_and_the_others_answered_as_alone(ser
     assert status == 200 and len(body["predictions"]) == 3
     for got, expected in zip(body["predictions"], alone):
         assert got["ids"] == expected["ids"] and got["truncated"] == expected["truncated"]
-        assert got["scores"] == pytest.approx(expected["scores"], abs=1e-5)
+        assert got["scores"] == pytest.approx(expected["scores"], rel=1e-5, abs=1e-5)
 
 
 def test_concurrent_requests_get_the_serial_answers(server, model):
@@ -562,17 +603,36 @@ def test_concurrent_requests_get_the_serial_answers(server, model):
         assert got.keys() == expected.keys()
         for key in got:
             if key == "scores":
-                assert got[key] == pytest.approx(expected[key], abs=1e-5)
+                assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-5)
             else:
                 assert got[key] == expected[key]
     ran = metric_value(metrics_text(server.port), "keras_transformer_batch_size_count") - batches
     assert 2 <= ran < len(bodies), f"{ran} batches for {len(bodies)} requests: none merged"
 
 
+def test_both_engines_answer_alike(network, exported):
+    """One model's SavedModel and CTranslate2 export give the same translations,
+    ids, flags and (to float32 round-off) scores."""
+    from keras_transformer.serving.ctranslate2 import CTranslate2Servable
+    from keras_transformer.serving.servable import Servable
+
+    servables = [kind(exported(engine), MAX_INSTANCES, MAX_CHARS) for kind, engine in (
+        (Servable, "saved_model"), (CTranslate2Servable, "ctranslate2"))]
+    sentences = network.corpus.sources[30:34]
+    ours, theirs = (servable.run("serving_default", sentences) for servable in servables)
+    assert ours == theirs
+    eos = network.tokenizer.eos_id
+    rows = [ids + [eos] for ids in network.tokenizer.tokenize(sentences)]
+    ours, theirs = (servable.run("translate_ids", rows) for servable in servables)
+    assert [(r["ids"], r["truncated"]) for r in ours] == [(r["ids"], r["truncated"])
+                                                          for r in theirs]
+    assert [r["scores"] for r in theirs] == pytest.approx([r["scores"] for r in ours], rel=1e-4)
+
+
 # Status, metadata, metrics.
 
 
-def test_status_and_metadata_follow_tf_serving(server):
+def test_status_and_metadata_follow_tf_serving(server, model):
     status_json = {"model_version_status": [{
         "version": "1", "state": "AVAILABLE",
         "status": {"error_code": "OK", "error_message": ""}}]}
@@ -583,7 +643,10 @@ def test_status_and_metadata_follow_tf_serving(server):
         assert status == 200
         assert body["model_spec"] == {"name": NAME, "version": "1"}
         metadata = body["metadata"]
-        assert metadata["shapes"] == {"batch_sizes": [4], "lengths": [MAX_SOURCE_LENGTH]}
+        if model.engine == "saved_model":
+            assert metadata["shapes"] == {"batch_sizes": [4], "lengths": [MAX_SOURCE_LENGTH]}
+        else:  # CTranslate2 compiles no shapes
+            assert (metadata["engine"], metadata["quantization"]) == ("ctranslate2", "float32")
         assert set(metadata["signatures"]) == {"serving_default", "translate_ids"}
         assert (metadata["beam_size"], metadata["alpha"]) == (1, 0.0)
         assert metadata["max_source_tokens"] == MAX_SOURCE_LENGTH - 1
@@ -665,8 +728,10 @@ def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path):
         status, answer = predict(port, {"instances": [GOOD_SENTENCE]})
         assert status == 200
 
-        # (a) An incomplete version (no saved_model.pb yet) is never loaded.
-        shutil.copytree(base / "1" / "variables", base / "2" / "variables")
+        # (a) An incomplete version (no saved_model.pb or CTranslate2 settings yet)
+        # is never loaded.
+        shutil.copytree(base / "1", base / "2", ignore=shutil.ignore_patterns(
+            "saved_model.pb", "keras_transformer.json"))
         polls.wait(2)
         assert request(port, "GET", MODEL)[1] == {"model_version_status": [{
             "version": "1", "state": "AVAILABLE",
@@ -816,5 +881,5 @@ def test_sigterm_answers_the_requests_in_flight(sigterm_run):
         socket.create_connection((HOST, run.port), timeout=5).close()
 
 
-def test_sigterm_exits_with_status_0(sigterm_run):
-    assert sigterm_run.returncode == 0
+def test_sigterm_exits_with_status_143_after_the_requests_in_flight(sigterm_run):
+    assert sigterm_run.returncode == 143  # 128 + SIGTERM, as a shell reports it

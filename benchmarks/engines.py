@@ -1,0 +1,243 @@
+"""Two engines behind one server: the SavedModel against CTranslate2, throughput and BLEU.
+
+For each model (`--model NAME=RUN_DIR`, by default the quickstart's run and the
+Multi30k German→English run), exports the SavedModel and a CTranslate2 export of the
+same weights with the same search (beam 4, the model's α from `--alpha NAME=A`, 0.6
+otherwise). Then, engine by engine (the SavedModel; CTranslate2 at each of
+`--compute-types`), it starts `keras-transformer serve` with the same options (batching
+on, its defaults), and measures on 127.0.0.1:
+
+    throughput  sentences/s at 1, 8, 32 and 64 concurrent clients, each holding one
+                keep-alive connection and sending one-sentence requests
+                (`serving_load.run_load`), in `--rounds` interleaved rounds (the
+                median round is reported), and the failed requests
+    BLEU        for a model with a test set (`--test NAME=SOURCE,REFERENCE`; the
+                Multi30k model's is test2016 from `--data-dir`), the served
+                translations of every test sentence, sent 8 to a request:
+                cased and lower-cased sacreBLEU (`keras_transformer.evaluation`)
+
+The load's sentences are the model's test sentences, or the quickstart's
+(`synthetic_translation(500, seed=3)`) for a model without a test set. The clients
+run on the same machine as the server and take CPU from it. Goal (issue 54):
+CTranslate2 int8 at >= 3x the SavedModel's sentences/s at 32 clients, with no failed
+request at 64. A full run takes about 20 minutes on a 2-core CPU.
+
+    TF_CPP_MIN_LOG_LEVEL=3 python benchmarks/engines.py --alpha multi30k=0.8
+    python benchmarks/engines.py --quick --model tiny=RUN_DIR   # a smoke run, figures meaningless
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+from serving import git_commit, load_table
+from serving_load import Client, ServerProcess
+
+CONCURRENCY = (1, 8, 32, 64)
+BLEU_BATCH = 8
+DATA_DIR = os.path.join(common.REPOSITORY, "..", "shared", "data", "multi30k")
+
+
+def build_parser():
+    """The script's command-line options."""
+    parser = common.argument_parser(__doc__)
+    parser.add_argument("--model", action="append", metavar="NAME=RUN_DIR",
+                        help="a model to serve (repeat for several; default: "
+                             "quickstart=runs/quickstart and multi30k=runs/multi30k-de-en)")
+    parser.add_argument("--alpha", action="append", default=[], metavar="NAME=A",
+                        help="a model's length penalty (default 0.6)")
+    parser.add_argument("--test", action="append", default=[], metavar="NAME=SOURCE,REFERENCE",
+                        help="a model's test set for BLEU (default: multi30k's test2016 in "
+                             "--data-dir)")
+    parser.add_argument("--data-dir", default=DATA_DIR,
+                        help="Multi30k's files (test_2016_flickr.de.gz, .en.gz)")
+    parser.add_argument("--compute-types", default="int8,float32",
+                        help="CTranslate2 compute types served, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of the load table; each row reports the median")
+    parser.add_argument("--requests", type=int, default=600,
+                        help="requests per load configuration (at least 20 per client)")
+    parser.add_argument("--phase-limit", type=float, default=90,
+                        help="seconds for one load configuration")
+    parser.add_argument("--startup-timeout", type=float, default=600,
+                        help="seconds for a server to become AVAILABLE")
+    parser.add_argument("--quick", action="store_true",
+                        help="few requests, one round, 100 test sentences (figures meaningless)")
+    parser.add_argument("--output", help="also write the figures to this JSON file")
+    return parser
+
+
+def _pairs(parser, values, name):
+    """{NAME: VALUE} from NAME=VALUE options."""
+    pairs = {}
+    for value in values:
+        key, equals, rest = value.partition("=")
+        if not equals or not key or not rest:
+            parser.error(f"{name} takes NAME=VALUE, got {value!r}")
+        pairs[key] = rest
+    return pairs
+
+
+def parse_args(argv=None):
+    """The options, with `models` ({name: run dir}), `alphas` and `tests` as dicts."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.models = _pairs(parser, args.model or ["quickstart=runs/quickstart",
+                                                "multi30k=runs/multi30k-de-en"], "--model")
+    args.alphas = {name: float(a) for name, a in _pairs(parser, args.alpha, "--alpha").items()}
+    args.tests = {name: tuple(files.split(",")) for name, files in
+                  _pairs(parser, args.test, "--test").items()}
+    if "multi30k" in args.models and "multi30k" not in args.tests:
+        args.tests["multi30k"] = tuple(os.path.join(args.data_dir, f"test_2016_flickr.{side}.gz")
+                                       for side in ("de", "en"))
+    for name, run_dir in args.models.items():
+        if not os.path.isdir(run_dir):
+            parser.error(f"--model {name}={run_dir}: no such run directory (train it first)")
+    args.compute_types = [c for c in args.compute_types.split(",") if c]
+    args.concurrency = CONCURRENCY
+    if args.quick:
+        args.requests, args.rounds = 16, 1
+    if min(args.requests, args.rounds) < 1 or args.phase_limit <= 0:
+        parser.error("counts and limits must be positive")
+    return args
+
+
+def export(run_dir, base, engine, alpha):
+    """`keras-transformer export` of `run_dir` to `base/1` for `engine`, in a
+    TensorFlow-backend process (the SavedModel's batch sizes are the server's)."""
+    command = [sys.executable, "-m", "keras_transformer.cli", "export", run_dir, base,
+               "--beam-size", "4", "--alpha", str(alpha), "--quiet"]
+    command += (["--format", "ctranslate2"] if engine == "ctranslate2"
+                else ["--batch-sizes", "1,2,4"])
+    start = time.perf_counter()
+    subprocess.run(command, check=True, cwd=common.REPOSITORY,
+                   env=dict(os.environ, KERAS_BACKEND="tensorflow"))
+    return time.perf_counter() - start
+
+
+def test_set(args, name):
+    """(sources, references) of a model's test set, or None."""
+    if name not in args.tests:
+        return None
+    from keras_transformer.data.corpora import read_parallel
+
+    corpus = read_parallel(*args.tests[name])
+    limit = 100 if args.quick else None
+    return list(corpus.sources[:limit]), list(corpus.targets[:limit])
+
+
+def served_bleu(server, sources, references):
+    """BLEU of the served translations of `sources` (requests of BLEU_BATCH)."""
+    from keras_transformer.evaluation import bleu_scores
+
+    client, hypotheses, failed = Client(server.port), [], 0
+    try:
+        for start in range(0, len(sources), BLEU_BATCH):
+            batch = sources[start:start + BLEU_BATCH]
+            status, payload = client.request("POST", f"/v1/models/{server.name}:predict",
+                                             json.dumps({"instances": batch}))
+            if status != 200:
+                failed += len(batch)
+                hypotheses += [""] * len(batch)
+                continue
+            hypotheses += [p["translations"] for p in payload["predictions"]]
+    finally:
+        client.close()
+    cased, lowercase = bleu_scores(hypotheses, references)
+    return {"cased": cased.score, "lowercase": lowercase.score, "sentences": len(sources),
+            "failed": failed}
+
+
+def measure(args, name, base, flags, label, test):
+    """One engine: a fresh server, its load table and its test BLEU."""
+    server = ServerProcess(base, ["--enable-batching", *flags], args.startup_timeout)
+    server.__enter__()
+    try:
+        available = server.wait_until_available()
+        common.progress(f"{name}, {label}: AVAILABLE {available:.1f} s after process start")
+        row = {"model": name, "engine": label, "available_s": available}
+        bodies = [json.dumps({"instances": [s]}) for s in args.sentences]
+        row["load"] = load_table(server, bodies, args, float("inf"), label)
+        if test is not None:
+            row["bleu"] = served_bleu(server, *test)
+            common.progress(f"  BLEU {row['bleu']['cased']:.2f} cased, "
+                            f"{row['bleu']['lowercase']:.2f} lower-cased")
+        return row
+    finally:
+        server.stop()
+
+
+def engines_of(args, folder, name, run_dir):
+    """[(label, base, server flags)]: the model exported for each engine."""
+    alpha = args.alphas.get(name, 0.6)
+    engines = []
+    for engine in ("saved_model", "ctranslate2"):
+        base = os.path.join(folder, engine, name)
+        seconds = export(run_dir, base, engine, alpha)
+        common.progress(f"{name}: exported for {engine} in {seconds:.0f} s (alpha {alpha:g})")
+        if engine == "saved_model":
+            engines.append(("SavedModel", base, []))
+        else:
+            engines += [(f"CTranslate2 {kind}", base, ["--compute-type", kind])
+                        for kind in args.compute_types]
+    return engines
+
+
+def markdown(rows, command, commit):
+    """The side-by-side table."""
+    lines = [f"commit `{commit}`, `{command}`", "",
+             "| model | engine | " + " | ".join(f"{c} clients" for c in CONCURRENCY)
+             + " | × SavedModel at 32 | failed at 64 | BLEU cased / lower-cased |",
+             "| --- | --- | " + " | ".join("---" for _ in CONCURRENCY) + " | --- | --- | --- |"]
+    for row in rows:
+        rates = {r["clients"]: r["sentences_per_s"] for r in row["load"]}
+        failed = {r["clients"]: r["failed_all_rounds"] for r in row["load"]}
+        baseline = next(r for r in rows if r["model"] == row["model"]
+                        and r["engine"] == "SavedModel")
+        base_rate = {r["clients"]: r["sentences_per_s"] for r in baseline["load"]}.get(32)
+        ratio = rates.get(32, float("nan")) / base_rate if base_rate else float("nan")
+        bleu = row.get("bleu")
+        lines.append(
+            f"| {row['model']} | {row['engine']} | "
+            + " | ".join(f"{rates[c]:,.0f}" if c in rates else "—" for c in CONCURRENCY)
+            + f" | {ratio:.2f} | {failed.get(64, '—')} | "
+            + (f"{bleu['cased']:.2f} / {bleu['lowercase']:.2f}" if bleu else "—") + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.perf_counter()
+    results = {"machine": common.machine(), "commit": git_commit(), "rows": []}
+    with tempfile.TemporaryDirectory(prefix="engines-") as folder:
+        for name, run_dir in args.models.items():
+            test = test_set(args, name)
+            if test is None:
+                from keras_transformer.data.corpora import synthetic_translation
+
+                args.sentences = list(synthetic_translation(500, seed=3).sources)
+            else:
+                args.sentences = test[0]
+            for label, base, flags in engines_of(args, folder, name, os.path.abspath(run_dir)):
+                results["rows"].append(measure(args, name, base, flags, label, test))
+    results["seconds"] = time.perf_counter() - start
+    command = "TF_CPP_MIN_LOG_LEVEL=3 python " + " ".join(
+        shlex.quote(a) for a in ["benchmarks/engines.py", *(sys.argv[1:] if argv is None
+                                                            else argv)])
+    print()
+    print(markdown(results["rows"], command, results["commit"]))
+    print(f"\n(took {results['seconds'] / 60:.1f} min)")
+    if args.output:
+        with open(args.output, "w") as file:
+            json.dump(results, file, indent=1, default=str)
+    common.emit(results)
+
+
+if __name__ == "__main__":
+    common.run_script(main)

@@ -1,0 +1,184 @@
+"""SIGINT (Ctrl-C) and SIGTERM at each phase of the long-running commands.
+
+Each command runs as a real process, and is signalled once it has reached the phase:
+starting (its imports), waiting on standard input, translating, training, exporting and
+serving. It must end with status 130 (SIGINT) or 143 (SIGTERM) and at most one line
+after the signal, never a Python traceback or an interpreter's fatal error, and leave
+no file half-written: no temporary `.partial-*` file where it wrote, and every model
+file it left loadable. What is tested is the command lines' own handling, the same under
+every backend: the tests run in the JAX pass (under JAX an export runs a TensorFlow
+process of its own, which a signal must stop too).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from helpers import REPOSITORY, untrained_run_dir
+
+pytestmark = pytest.mark.once("jax")
+
+SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
+# Generous bounds for a shared, loaded 2-core machine.
+PHASE_TIMEOUT = 240.0  # reaching a phase
+EXIT_TIMEOUT = 120.0  # ending after the signal
+TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
+              "--num-layers", "1", "--warmup-steps", "10", "--beam-size", "2", "--verbose", "2"]
+
+
+class Command:
+    """A command line running in a process of its own, its output collected as it
+    comes (one reader thread per stream)."""
+
+    def __init__(self, argv, stdin=subprocess.DEVNULL, cwd=REPOSITORY):
+        environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        self.process = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, cwd=cwd, env=environment)
+        self.output = {"stdout": bytearray(), "stderr": bytearray()}
+        self._readers = [threading.Thread(target=self._read, args=(name,), daemon=True)
+                         for name in self.output]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, name):
+        stream = getattr(self.process, name)
+        while chunk := stream.read1(65536):
+            self.output[name] += chunk
+
+    def text(self, name):
+        return self.output[name].decode("utf-8", errors="replace")
+
+    def wait_until(self, condition, what):
+        deadline = time.monotonic() + PHASE_TIMEOUT
+        while not condition():
+            if self.process.poll() is not None:
+                raise AssertionError(f"the command ended ({self.process.returncode}) before "
+                                     f"{what}:\n{self.text('stderr')[-3000:]}")
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError(f"{what} did not happen within {PHASE_TIMEOUT} s")
+            time.sleep(0.05)
+
+    def interrupt(self, signal_name):
+        """Sends the signal; returns the exit status and the stderr lines written
+        after it."""
+        before = len(self.output["stderr"])
+        self.process.send_signal(SIGNALS[signal_name][0])
+        try:
+            status = self.process.wait(EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"still running {EXIT_TIMEOUT} s after {signal_name}") from None
+        for reader in self._readers:
+            reader.join(10)
+        after = self.output["stderr"][before:].decode("utf-8", errors="replace")
+        return status, [line for line in after.splitlines() if line.strip()]
+
+
+def check_ended(command, signal_name, status, lines):
+    stderr = command.text("stderr")
+    assert status == SIGNALS[signal_name][1], (status, stderr[-3000:])
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr, stderr[-3000:]
+    assert len(lines) <= 1, lines
+
+
+def partial_files(folder):
+    return [os.path.join(root, name) for root, dirs, files in os.walk(folder)
+            for name in dirs + files if name.startswith(".partial-")]
+
+
+def keras_transformer(*argv):
+    return [sys.executable, "-m", "keras_transformer.cli", *argv]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return untrained_run_dir(tmp_path_factory.mktemp("run"), sentences=200, vocab_size=200)
+
+
+@pytest.mark.parametrize("signal_name", SIGNALS)
+def test_starting(signal_name, run_dir):
+    command = Command(keras_transformer("translate", str(run_dir), "kave tomi tozu"))
+    time.sleep(0.5)  # the interpreter is up, the imports are under way
+    status, lines = command.interrupt(signal_name)
+    check_ended(command, signal_name, status, lines)
+
+
+@pytest.mark.parametrize("signal_name", SIGNALS)
+def test_waiting_on_standard_input(signal_name, run_dir):
+    # The issue's reproduction: a pipe that stays open after one line.
+    command = Command(keras_transformer("translate", str(run_dir)), stdin=subprocess.PIPE)
+    command.process.stdin.write(b"kave tomi tozu\n")
+    command.process.stdin.flush()
+    command.wait_until(lambda: command.output["stdout"].count(b"\n") >= 1,
+                       "the first line's translation")
+    status, lines = command.interrupt(signal_name)
+    check_ended(command, signal_name, status, lines)
+    command.process.stdin.close()
+
+
+@pytest.mark.parametrize("signal_name", SIGNALS)
+def test_translating(signal_name, run_dir, tmp_path):
+    source = tmp_path / "many.src"
+    source.write_text("kave tomi tozu pera\n" * 4000)
+    with open(source, "rb") as lines_in:
+        command = Command(keras_transformer("translate", str(run_dir), "--batch-size", "8"),
+                          stdin=lines_in)
+        command.wait_until(lambda: command.output["stdout"].count(b"\n") >= 8,
+                           "the first batch's translations")
+        status, lines = command.interrupt(signal_name)
+    check_ended(command, signal_name, status, lines)
+    assert command.output["stdout"].count(b"\n") < 4000, "interrupted before the end"
+    assert command.output["stdout"].endswith(b"\n"), "whole lines only"
+
+
+@pytest.mark.parametrize("signal_name", SIGNALS)
+def test_training(signal_name, tmp_path):
+    run = tmp_path / "run"
+    command = Command([sys.executable, "-m", "recipes.quickstart", "--run-dir", str(run),
+                       "--steps", "4000", "--checkpoint-every", "2", "--train-pairs", "200",
+                       "--test-pairs", "4", "--no-export", *TINY_MODEL])
+    checkpoints = run / "checkpoints"
+    command.wait_until(lambda: checkpoints.is_dir() and any(
+        name.endswith(".keras") for name in os.listdir(checkpoints)), "a first checkpoint")
+    status, lines = command.interrupt(signal_name)
+    check_ended(command, signal_name, status, lines)
+    assert partial_files(run) == []
+    from keras_transformer import run_files
+
+    for name in os.listdir(checkpoints):
+        run_files.load_model(str(checkpoints / name))  # every checkpoint left is whole
+
+
+@pytest.mark.parametrize("signal_name", SIGNALS)
+def test_exporting(signal_name, run_dir, tmp_path):
+    base = tmp_path / "saved_models" / "tiny"
+    command = Command(keras_transformer("export", str(run_dir), str(base),
+                                       "--batch-sizes", "1", "--lengths", "16"))
+    # The version is being written (under a hidden name) by the TensorFlow process.
+    command.wait_until(lambda: base.is_dir() and partial_files(base), "the export's writing")
+    status, lines = command.interrupt(signal_name)
+    check_ended(command, signal_name, status, lines)
+    assert not base.exists() or os.listdir(base) == [], "no version, no partial one"
+
+
+@pytest.fixture(scope="module")
+def saved_model(run_dir, tmp_path_factory):
+    base = tmp_path_factory.mktemp("saved_models") / "tiny"
+    subprocess.run(keras_transformer("export", str(run_dir), str(base), "--batch-sizes", "1",
+                                     "--lengths", "16", "--quiet"),
+                   check=True, cwd=REPOSITORY, timeout=600)
+    return base
+
+
+@pytest.mark.parametrize("signal_name", SIGNALS)
+def test_serving(signal_name, saved_model):
+    command = Command(keras_transformer("serve", str(saved_model), "--port", "0",
+                                        "--max-batch-size", "1"))
+    command.wait_until(lambda: "AVAILABLE" in command.text("stderr"), "the model's AVAILABLE")
+    status, lines = command.interrupt(signal_name)
+    check_ended(command, signal_name, status, lines)

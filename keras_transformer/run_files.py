@@ -12,6 +12,8 @@ module:
       checkpoints/           step-0000500.keras, ...
       backup/                the last window's weights and optimizer state (fit.RunBackup)
       compilation_cache/     JAX's compiled programs, reused by a resumed run
+      token_cache/           a large training split's ids, tokenized once
+                             (keras_transformer.data.token_cache)
       logs/                  TensorBoard
       training_log.csv       one row per checkpoint window
       results.json           steps, time, BLEU, ...
@@ -24,8 +26,8 @@ that has converged but can hurt a short one whose early checkpoints are far
 from trained, so it is never picked silently.
 
 Every file and folder the package writes for later commands to trust (models,
-checkpoints, the backup, results, hypotheses, SavedModel versions,
-CTranslate2 models) is written through `atomic_path`: under a hidden
+checkpoints, the backup, results, hypotheses, the token cache, SavedModel
+versions, CTranslate2 models) is written through `atomic_path`: under a hidden
 temporary name beside its place, `.partial-PID-NAME`, then renamed, so a
 killed process never leaves a truncated file where a later command would
 read it. `remove_partials` deletes the leftovers of killed writers.
@@ -44,6 +46,7 @@ TARGET_TOKENIZER = "target_tokenizer"
 CHECKPOINTS = "checkpoints"
 BACKUP = "backup"
 COMPILATION_CACHE = "compilation_cache"
+TOKEN_CACHE = "token_cache"
 LOGS = "logs"
 TRAINING_LOG = "training_log.csv"
 VALIDATION_CURVE = "validation_curve.csv"  # a recipe's --validation-curve

@@ -22,6 +22,7 @@ so `keras.utils.set_random_seed`) frees the resources of tf-text ops created
 earlier, and a SentencePiece tokenizer made before it fails inside tf.data.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -78,6 +79,7 @@ class SubwordTokenizer:
         self.kind = check_choice("kind", kind, KINDS)
         self.lowercase = lowercase
         self._vocabulary = vocabulary
+        self._sentencepiece = None
         if kind == "sentencepiece":
             self.layer = keras_hub.tokenizers.SentencePieceTokenizer(proto=vocabulary)
             pieces = self.layer.get_vocabulary()
@@ -177,8 +179,24 @@ class SubwordTokenizer:
         texts = list(texts)
         if not texts:
             return []
+        if self.kind == "sentencepiece":
+            # SentencePiece's own threads: every core for a large list.
+            threads = (os.cpu_count() or 1) if len(texts) >= 4096 else 1
+            return self._processor().encode(texts, num_threads=threads)
         ids = self.layer.tokenize(texts)
         return [[int(i) for i in row] for row in _to_python(ids)]
+
+    def _processor(self):
+        """SentencePiece's own processor: the library the in-graph tokenizer wraps,
+        with the same model and options (no sampling, no BOS or EOS), so the same
+        ids and text, without a TensorFlow call per sentence."""
+        if self._sentencepiece is None:
+            import sentencepiece
+
+            processor = sentencepiece.SentencePieceProcessor()
+            processor.LoadFromSerializedProto(self._vocabulary)
+            self._sentencepiece = processor
+        return self._sentencepiece
 
     def tokenize_tf(self, texts):
         """In-graph tokenization of a tf.string tensor (for tf.data and export).
@@ -206,6 +224,8 @@ class SubwordTokenizer:
             cleaned.append([i for i in row if i not in (self.pad_id, self.bos_id)])
         if not cleaned:
             return []
+        if self.kind == "sentencepiece":
+            return self._processor().decode(cleaned)
         # keras-hub needs a non-empty row to infer the ragged structure.
         texts = []
         for row in cleaned:
@@ -235,6 +255,16 @@ class SubwordTokenizer:
         if self.kind == "wordpiece":
             texts = _join_punctuation(texts)
         return texts
+
+    def fingerprint(self):
+        """sha256 of what decides the ids: the kind, the lowercasing and the
+        vocabulary (what a cache of tokenized ids is checked against)."""
+        digest = hashlib.sha256(f"{self.kind} lowercase={self.lowercase}\n".encode())
+        if self.kind == "sentencepiece":
+            digest.update(self._vocabulary)
+        else:
+            digest.update("\n".join(self._vocabulary).encode("utf-8"))
+        return digest.hexdigest()
 
     def id_to_token(self, token_id):
         return self.layer.id_to_token(int(token_id))

@@ -91,6 +91,23 @@ def test_in_graph_tokenization_matches_python(sentencepiece):
     assert ragged.to_list() == sentencepiece.tokenize(TEXTS[:3])
 
 
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_python_sentencepiece_gives_the_in_graph_ids_and_text(lowercase):
+    """`tokenize` and `detokenize` call SentencePiece's library directly (fast on
+    lists); the keras-hub layer (tf-text, the graphs' path) must agree with them,
+    edge cases included."""
+    from keras_transformer.tokenizers import _to_python
+
+    tokenizer = SubwordTokenizer.train(TEXTS, vocab_size=120, lowercase=lowercase)
+    texts = TEXTS[:7] + ["", "  two  spaces ", "Ünïcödé ßtraße 東京 ⁇", "a\tb\nc", "ＡＢＣ ①"]
+    ids = tokenizer.tokenize(texts)
+    assert ids == [[int(i) for i in row] for row in _to_python(tokenizer.layer.tokenize(texts))]
+    rows = ids + [[1, 5, 1], [tokenizer.vocab_size - 1]]
+    in_graph = [_to_python(tokenizer.layer.detokenize([row]))[0] if row else "" for row in rows]
+    assert tokenizer.detokenize(rows) == [
+        text.decode("utf-8") if isinstance(text, bytes) else text for text in in_graph]
+
+
 def test_learns_whole_words_of_the_synthetic_task():
     corpus = synthetic_translation(2000, seed=0)
     tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=320)
@@ -138,9 +155,13 @@ def test_corrupted_vocabulary_is_reported_as_such(tmp_path):
         SubwordTokenizer.load(str(tmp_path))
 
 
-def test_a_vocabulary_too_large_for_the_text_names_the_size_that_works(capfd):
+def test_a_vocabulary_too_large_for_the_text_names_the_size_that_works(capfd, monkeypatch):
     """The size the message names trains, the one above it is refused, and none of
-    SentencePiece's log lines is shown."""
+    SentencePiece's log lines is shown where a command line quiets them (a library
+    import leaves the host's stderr alone, see tests/test_imports.py)."""
+    from keras_transformer import logs
+
+    monkeypatch.setattr(logs, "_QUIET", True)
     corpus = synthetic_translation(60, seed=0)
     with pytest.raises(ValueError, match=r"at most (\d+) tokens") as error:
         SubwordTokenizer.train(corpus.sources, 5000)

@@ -4,10 +4,13 @@
 training batch contained a set of sentence pairs containing approximately 25000
 source tokens and 25000 target tokens." (§5.1)
 
-`make_dataset` tokenizes, adds the begin/end tokens, drops or truncates pairs
-longer than `max_sentence_length` tokens (and counts them), buckets pairs by
-length into batches of at most `tokens_per_batch` source and target tokens
-(padding included), shifts the decoder input right, and prefetches. Each bucket
+`make_dataset` tokenizes into arrays of ids (`token_cache.TokenizedPairs`), and
+`dataset_from_pairs` makes the batches from such arrays, in memory or
+memory-mapped from a run's token cache: it drops or truncates pairs longer than
+`max_sentence_length` tokens (and counts them), adds the begin/end tokens,
+buckets pairs by length into batches of at most `tokens_per_batch` source and
+target tokens (padding included), shifts the decoder input right, and
+prefetches, without a Python object per pair. Each bucket
 pads to a fixed length, so a compiled train step sees a handful of shapes, not
 one per batch. The dataset works with `model.fit` on every Keras backend.
 
@@ -24,6 +27,7 @@ import dataclasses
 
 import numpy as np
 
+from keras_transformer.data import batches
 from keras_transformer.validation import check_choice, check_positive_int
 
 OVERLONG_POLICIES = ("drop", "truncate")
@@ -61,13 +65,11 @@ class PipelineStats:
         return text
 
 
-# Sentences tokenized per call when a progress bar is shown.
-PROGRESS_CHUNK = 8192
-
-
 def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
-                 max_sentence_length=128, overlong="drop", verbose=False):
-    """Tokenizes pairs and applies the length policy.
+                 max_sentence_length=128, overlong="drop"):
+    """Tokenizes pairs and applies the length policy, as lists (the batches'
+    rows, for tests and small tasks; `make_dataset` applies the same policy to
+    arrays).
 
     The source becomes `ids + [source EOS]`; the target `[target BOS] + ids +
     [target EOS]`, from which the decoder input (all but the last) and the
@@ -82,12 +84,14 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
         max_sentence_length: Longest source (with its end token) and decoder
             input in tokens.
         overlong: "drop" or "truncate" pairs longer than that.
-        verbose: Show a progress bar (pairs tokenized) for large corpora.
 
     Returns:
         (source_sequences, target_sequences, PipelineStats): lists of int lists,
         the targets still holding both BOS and EOS.
     """
+    from keras_transformer.data.corpora import ParallelCorpus
+    from keras_transformer.data.token_cache import tokenize_pairs
+
     check_choice("overlong", overlong, OVERLONG_POLICIES)
     _check_max_sentence_length(max_sentence_length)
     if len(sources) != len(targets):
@@ -95,31 +99,17 @@ def encode_pairs(sources, targets, source_tokenizer, target_tokenizer=None,
             f"Got {len(sources)} sources but {len(targets)} targets: pairs must align."
         )
     target_tokenizer = target_tokenizer or source_tokenizer
-    source_eos = source_tokenizer.eos_id
-    target_bos, target_eos = target_tokenizer.bos_id, target_tokenizer.eos_id
-    stats = PipelineStats(pairs=len(sources))
-    source_ids, target_ids = _tokenize_pairs(list(sources), list(targets), source_tokenizer,
-                                             target_tokenizer, verbose)
+    pairs = tokenize_pairs(ParallelCorpus(list(sources), list(targets)), source_tokenizer,
+                           target_tokenizer)
+    kept, stats = _length_policy(pairs, max_sentence_length, overlong)
+    rows = zip(kept.rows, kept.source_lengths, kept.target_lengths)
     encoded_sources, encoded_targets = [], []
-    for source, target in zip(source_ids, target_ids):
-        if not source or not target:
-            stats.dropped_empty += 1
-            continue
-        # The limit counts the source with EOS and the decoder input / labels,
-        # which are one shorter than [BOS] + target + [EOS].
-        too_long = max(len(source), len(target)) + 1 > max_sentence_length
-        if too_long and overlong == "drop":
-            stats.dropped_overlong += 1
-            continue
-        if too_long:
-            stats.truncated += 1
-            limit = max_sentence_length - 1
-            source, target = source[:limit], target[:limit]
-        encoded_sources.append(source + [source_eos])
-        encoded_targets.append([target_bos] + target + [target_eos])
-        stats.source_tokens += len(source) + 1
-        stats.target_tokens += len(target) + 1
-    stats.kept = len(encoded_sources)
+    for row, source_length, target_length in rows:
+        encoded_sources.append(pairs.row("source", row)[:source_length]
+                               + [source_tokenizer.eos_id])
+        encoded_targets.append([target_tokenizer.bos_id]
+                               + pairs.row("target", row)[:target_length]
+                               + [target_tokenizer.eos_id])
     return encoded_sources, encoded_targets, stats
 
 
@@ -160,9 +150,46 @@ def bucket_plan(max_sentence_length, tokens_per_batch, bucket_width=8, batch_mul
     return boundaries, batch_sizes, lengths
 
 
-def make_dataset(
-    sources,
-    targets,
+def make_dataset(sources, targets, source_tokenizer, target_tokenizer=None, verbose=True,
+                 **options):
+    """A `tf.data.Dataset` of `({"source", "target"}, labels)` batches of sentences.
+
+    Tokenizes the pairs (`token_cache.tokenize_pairs`) and batches them with
+    `dataset_from_pairs`, which takes the other arguments.
+
+    Args:
+        sources, targets: Aligned lists of sentences.
+        source_tokenizer, target_tokenizer: `SubwordTokenizer`s, or objects with
+            `tokenize`, `pad_id`, `bos_id` and `eos_id` (one shared tokenizer
+            when `target_tokenizer` is None).
+        verbose: Whether to print the pipeline statistics.
+        **options: `dataset_from_pairs`'s.
+
+    Returns:
+        (dataset, PipelineStats), as `dataset_from_pairs`.
+    """
+    from keras_transformer.data.corpora import ParallelCorpus
+    from keras_transformer.data.token_cache import tokenize_pairs
+
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"Got {len(sources)} sources but {len(targets)} targets: pairs must align.")
+    target_tokenizer = target_tokenizer or source_tokenizer
+    _plan(**{key: value for key, value in options.items() if key in _PLAN_ARGUMENTS})
+    _check_tokenizer_sizes(source_tokenizer, target_tokenizer, **{
+        key: options.get(key) for key in ("source_vocab_size", "target_vocab_size", "name")})
+    pairs = tokenize_pairs(ParallelCorpus(list(sources), list(targets)), source_tokenizer,
+                           target_tokenizer)
+    return dataset_from_pairs(pairs, source_tokenizer, target_tokenizer, verbose=verbose,
+                              **options)
+
+
+_PLAN_ARGUMENTS = ("max_sentence_length", "tokens_per_batch", "bucket_width",
+                   "batch_multiple", "shard")
+
+
+def dataset_from_pairs(
+    pairs,
     source_tokenizer,
     target_tokenizer=None,
     max_sentence_length=128,
@@ -179,13 +206,14 @@ def make_dataset(
     name="data",
     shard=None,
 ):
-    """A `tf.data.Dataset` of `({"source", "target"}, labels)` batches.
+    """A `tf.data.Dataset` of `({"source", "target"}, labels)` batches of tokenized
+    pairs, read from their arrays (memory-mapped from a token cache, or in memory)
+    without a Python object per pair.
 
     Args:
-        sources, targets: Aligned lists of sentences.
-        source_tokenizer, target_tokenizer: `SubwordTokenizer`s, or objects with
-            `tokenize`, `pad_id`, `bos_id` and `eos_id` (one shared tokenizer
-            when `target_tokenizer` is None).
+        pairs: `keras_transformer.data.token_cache.TokenizedPairs`.
+        source_tokenizer, target_tokenizer: Give `pad_id`, `bos_id` and `eos_id`
+            (and `vocab_size`, checked against the model's).
         max_sentence_length: Longest source / decoder sequence in tokens.
         tokens_per_batch: Token budget per batch, per side (padding included).
         overlong: "drop" or "truncate" pairs longer than `max_sentence_length`.
@@ -194,8 +222,7 @@ def make_dataset(
         repeat: Whether to repeat forever (for step-based training).
         seed: Shuffle seed.
         bucket_width: Length granularity of the buckets.
-        verbose: Whether to print the pipeline statistics, with a progress
-            bar while a large corpus is tokenized.
+        verbose: Whether to print the pipeline statistics.
         batch_multiple: Make every batch's size a multiple of this (the number
             of data-parallel replicas): bucket sizes are rounded to it, and a
             bucket's last, smaller batch gets all-padding rows, which the loss
@@ -218,16 +245,50 @@ def make_dataset(
         target (B, L) = [BOS] y_1 ... y_n, labels (B, L) = y_1 ... y_n [EOS],
         padded with the tokenizers' `pad_id`, L the bucket length.
     """
+    check_choice("overlong", overlong, OVERLONG_POLICIES)
+    target_tokenizer = target_tokenizer or source_tokenizer
+    plan = _plan(max_sentence_length, tokens_per_batch, bucket_width, batch_multiple, shard)
+    _check_tokenizer_sizes(source_tokenizer, target_tokenizer, source_vocab_size,
+                           target_vocab_size, name)
+    kept, stats = _length_policy(pairs, max_sentence_length, overlong)
+    if not stats.kept:
+        raise ValueError(
+            f"No pair is left after tokenization ({stats.summary()}): check the data "
+            "and max_sentence_length."
+        )
+    _check_pair_ids(pairs, kept, source_vocab_size, target_vocab_size, name,
+                    (source_tokenizer, target_tokenizer))
+    _count_batches(stats, kept.source_lengths + 1, kept.target_lengths + 1, *plan)
+    if verbose:
+        print(f"Data: {stats.summary()}")
+    specials = (source_tokenizer.eos_id, target_tokenizer.bos_id, target_tokenizer.eos_id)
+    dataset = batches.pair_order(stats.kept, shuffle, repeat, seed).map(
+        batches.element_function(pairs, kept, specials), num_parallel_calls=_parallel())
+    padding = tuple(int(tokenizer.pad_id) for tokenizer in
+                    (source_tokenizer, target_tokenizer, target_tokenizer))
+    return batches.batched(dataset, plan, padding, batch_multiple, shard,
+                    None if shuffle or repeat else stats.batches_per_pass), stats
+
+
+def _parallel():
     import tensorflow as tf
 
-    # The plan checks the batching arguments before any tokenization work.
+    return tf.data.AUTOTUNE
+
+
+def _plan(max_sentence_length=128, tokens_per_batch=4096, bucket_width=8, batch_multiple=1,
+          shard=None):
+    """`bucket_plan`'s (boundaries, batch sizes, lengths), the shard checked: before
+    any tokenization work."""
     if shard is not None and (len(shard) != 2 or not 0 <= shard[0] < shard[1]
                               or batch_multiple % shard[1]):
         raise ValueError(f"shard={shard!r} must be (index, count) with 0 <= index < count "
                          f"and batch_multiple={batch_multiple} a multiple of count.")
-    boundaries, batch_sizes, lengths = bucket_plan(max_sentence_length, tokens_per_batch,
-                                                   bucket_width, batch_multiple)
-    target_tokenizer = target_tokenizer or source_tokenizer
+    return bucket_plan(max_sentence_length, tokens_per_batch, bucket_width, batch_multiple)
+
+
+def _check_tokenizer_sizes(source_tokenizer, target_tokenizer, source_vocab_size=None,
+                           target_vocab_size=None, name="data"):
     for side, tokenizer, size in (("source", source_tokenizer, source_vocab_size),
                                   ("target", target_tokenizer, target_vocab_size)):
         vocabulary = getattr(tokenizer, "vocab_size", None)
@@ -236,110 +297,73 @@ def make_dataset(
                 f"{name}: the {side} tokenizer has {vocabulary} ids, more than the model's "
                 f"vocabulary of {size}: build the model for this tokenizer, or use the "
                 "tokenizer the model was built for.")
-    encoded_sources, encoded_targets, stats = encode_pairs(
-        sources, targets, source_tokenizer, target_tokenizer, max_sentence_length, overlong,
-        verbose=verbose,
-    )
-    if not encoded_sources:
-        raise ValueError(
-            f"No pair is left after tokenization ({stats.summary()}): check the data "
-            "and max_sentence_length."
-        )
-    _check_ids(encoded_sources, source_vocab_size, name, "source")
-    _check_ids(encoded_targets, target_vocab_size, name, "target")
-    _count_batches(stats, encoded_sources, encoded_targets, boundaries, batch_sizes, lengths)
-    if verbose:
-        print(f"Data: {stats.summary()}")
-    columns = tuple(tf.ragged.constant(column, dtype=tf.int32) for column in (
-        encoded_sources, [t[:-1] for t in encoded_targets], [t[1:] for t in encoded_targets]))
-    dataset = _pair_order(len(encoded_sources), shuffle, repeat, seed).map(
-        lambda i: tuple(column[i] for column in columns))
-    padding_values = tuple(int(tokenizer.pad_id) for tokenizer in
-                           (source_tokenizer, target_tokenizer, target_tokenizer))
-    dataset = dataset.bucket_by_sequence_length(
-        element_length_func=lambda s, t, y: tf.maximum(tf.shape(s)[0], tf.shape(t)[0]),
-        bucket_boundaries=boundaries,
-        bucket_batch_sizes=batch_sizes,
-        padding_values=padding_values,
-        pad_to_bucket_boundary=True,
-    )
-    if batch_multiple > 1:
-        def pad_rows(*tensors):
-            missing = -tf.shape(tensors[0])[0] % batch_multiple
-            return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad)
-                         for x, pad in zip(tensors, padding_values))
-
-        dataset = dataset.map(pad_rows)
-    if shard is not None:
-        index, count = shard
-
-        def own_rows(*tensors):
-            rows = tf.shape(tensors[0])[0] // count
-            return tuple(x[index * rows:(index + 1) * rows] for x in tensors)
-
-        dataset = dataset.map(own_rows)
-    dataset = dataset.map(
-        lambda s, t, y: ({"source": s, "target": t}, y),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
-    if not shuffle and not repeat:
-        # Bucketing hides the length from tf.data; telling Keras spares it a
-        # first pass that ends in an "ran out of data" warning.
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(stats.batches_per_pass))
-    # Under tf.distribute.MultiWorkerMirroredStrategy each worker keeps its part of
-    # every global batch (the data's, as nothing here reads files).
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE), stats
 
 
-def _pair_order(pairs, shuffle, repeat, seed):
-    """The indices of the pairs in the order they are batched: pass after pass when
-    `repeat`, each pass in a new order when `shuffle`. Pass k's order is a function of
-    (seed, k) alone (a stateless shuffle), so every process of a cluster, and every
-    iterator over the dataset, draws the same batches."""
-    import tensorflow as tf
+@dataclasses.dataclass
+class _Kept:
+    """The pairs the length policy keeps: their rows and their (truncated) lengths
+    without BOS or EOS."""
 
-    passes = tf.data.Dataset.range(2**62 if repeat else 1)
-    if not shuffle:
-        return passes.flat_map(lambda _: tf.data.Dataset.range(pairs))
-    return passes.flat_map(lambda k: tf.data.Dataset.from_tensor_slices(
-        tf.random.experimental.stateless_shuffle(
-            tf.range(pairs, dtype=tf.int64), seed=tf.stack([tf.constant(seed, tf.int64), k]))))
+    rows: np.ndarray
+    source_lengths: np.ndarray
+    target_lengths: np.ndarray
 
 
-def _tokenize_pairs(sources, targets, source_tokenizer, target_tokenizer, verbose):
-    """Both sides tokenized, in chunks under a progress bar when `verbose` and
-    there is more than one chunk."""
-    if not verbose or len(sources) <= PROGRESS_CHUNK:
-        return source_tokenizer.tokenize(sources), target_tokenizer.tokenize(targets)
-    import keras
+def _length_policy(pairs, max_sentence_length, overlong):
+    """`encode_pairs`'s policy on arrays: empty pairs dropped, over-long ones
+    dropped or truncated to `max_sentence_length - 1` ids a side."""
+    _check_max_sentence_length(max_sentence_length)
+    source, target = pairs.lengths("source"), pairs.lengths("target")
+    stats = PipelineStats(pairs=len(pairs))
+    nonempty = (source > 0) & (target > 0)
+    stats.dropped_empty = int(len(pairs) - nonempty.sum())
+    # The limit counts the source with EOS and the decoder input / labels, which are
+    # one shorter than [BOS] + target + [EOS].
+    too_long = nonempty & (np.maximum(source, target) + 1 > max_sentence_length)
+    if overlong == "drop":
+        stats.dropped_overlong = int(too_long.sum())
+        rows = np.flatnonzero(nonempty & ~too_long)
+    else:
+        stats.truncated = int(too_long.sum())
+        rows = np.flatnonzero(nonempty)
+    limit = max_sentence_length - 1
+    kept = _Kept(rows, np.minimum(source[rows], limit), np.minimum(target[rows], limit))
+    stats.kept = len(rows)
+    stats.source_tokens = int(kept.source_lengths.sum()) + stats.kept
+    stats.target_tokens = int(kept.target_lengths.sum()) + stats.kept
+    return kept, stats
 
-    print(f"Data: tokenizing {len(sources):,} pairs")
-    progress = keras.utils.Progbar(len(sources), unit_name="pair")
-    source_ids, target_ids = [], []
-    for start in range(0, len(sources), PROGRESS_CHUNK):
-        end = start + PROGRESS_CHUNK
-        source_ids += source_tokenizer.tokenize(sources[start:end])
-        target_ids += target_tokenizer.tokenize(targets[start:end])
-        progress.update(min(end, len(sources)))
-    return source_ids, target_ids
 
-
-def _check_ids(sequences, vocab_size, name, side):
-    """Refuses any id outside 0 <= id < vocab_size, naming the first pair that
-    holds one (one NumPy pass over the ids, before training)."""
-    if vocab_size is None:
-        return
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-    ids = np.fromiter((i for s in sequences for i in s), dtype=np.int64, count=lengths.sum())
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-    if bad.size:
-        pair = int(np.searchsorted(np.cumsum(lengths), bad[0], side="right"))
-        raise ValueError(
-            f"{name}: pair {pair} (counting kept pairs from 0) has the {side} id "
-            f"{ids[bad[0]]}, outside the model's vocabulary (0 <= id < {vocab_size}); "
-            f"{bad.size} ids are outside it in all. Tokenize with the model's tokenizer.")
+def _check_pair_ids(pairs, kept, source_vocab_size, target_vocab_size, name, tokenizers):
+    """Refuses any id outside 0 <= id < the model's vocabulary in what the batches
+    hold (the kept pairs, as truncated, and the special ids), naming the first pair
+    that holds one: a pass of NumPy over the ids, before training."""
+    for side, size, tokenizer, specials in (
+            ("source", source_vocab_size, tokenizers[0], ("eos_id",)),
+            ("target", target_vocab_size, tokenizers[1], ("bos_id", "eos_id"))):
+        if size is None:
+            continue
+        for special in specials:
+            value = int(getattr(tokenizer, special))
+            if not 0 <= value < size:
+                raise ValueError(f"{name}: the {side} tokenizer's {special}={value} is outside "
+                                 f"the model's vocabulary (0 <= id < {size}).")
+        ids, offsets = getattr(pairs, f"{side}_ids"), getattr(pairs, f"{side}_offsets")
+        positions = np.flatnonzero(np.asarray(ids) >= size)
+        if not positions.size:
+            continue
+        rows = np.searchsorted(offsets, positions, side="right") - 1
+        at = np.searchsorted(kept.rows, rows)
+        held = (at < len(kept.rows)) & (kept.rows[np.minimum(at, len(kept.rows) - 1)] == rows)
+        lengths = getattr(kept, f"{side}_lengths")
+        held[held] = positions[held] - offsets[rows[held]] < lengths[at[held]]
+        if held.any():
+            first = np.flatnonzero(held)[0]
+            raise ValueError(
+                f"{name}: pair {int(at[first])} (counting kept pairs from 0) has the {side} id "
+                f"{int(ids[positions[first]])}, outside the model's vocabulary (0 <= id < "
+                f"{size}); {int(held.sum())} ids are outside it in all. Tokenize with the "
+                "model's tokenizer.")
 
 
 def _check_max_sentence_length(value):
@@ -350,12 +374,10 @@ def _check_max_sentence_length(value):
         )
 
 
-def _count_batches(stats, encoded_sources, encoded_targets, boundaries, batch_sizes, lengths):
+def _count_batches(stats, source_lengths, decoder_lengths, boundaries, batch_sizes, lengths):
     """Fills in the batches of one pass (each bucket yields ceil(pairs / batch
     size) of them, whatever the order of the pairs), the padding share of each
-    side and the number of bucket shapes."""
-    source_lengths = np.array([len(s) for s in encoded_sources])
-    decoder_lengths = np.array([len(t) - 1 for t in encoded_targets])
+    side and the number of bucket shapes; the lengths count EOS (and BOS)."""
     buckets = np.searchsorted(boundaries, np.maximum(source_lengths, decoder_lengths),
                               side="right")
     counts = np.bincount(buckets, minlength=len(batch_sizes))

@@ -44,8 +44,10 @@ import time
 import keras
 
 from keras_transformer import backend, run_files
+from keras_transformer.data import token_cache
 from keras_transformer.data.corpora import ParallelCorpus
-from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.corpus_files import corpus_size
+from keras_transformer.data.pipeline import dataset_from_pairs, make_dataset
 from keras_transformer.inference import Translator
 from keras_transformer.model import Transformer
 from keras_transformer.training import distribution, scoring
@@ -105,7 +107,10 @@ def run(splits, config, options):
 
     Args:
         splits: Maps "train" (required), "validation" and "test" to `ParallelCorpus`
-            objects. Without validation pairs, training reports no validation loss and
+            objects; "train" may also be a streamed corpus
+            (`keras_transformer.data.corpus_files`), whose ids the run tokenizes once,
+            in parallel, into its token cache (`keras_transformer.data.token_cache`).
+            Without validation pairs, training reports no validation loss and
             `tune_alpha` and `validation_curve` are refused; without test pairs,
             nothing is scored.
         config: The model's `TransformerConfig`. Its vocabulary sizes are set to the
@@ -135,15 +140,15 @@ def run(splits, config, options):
                          f"(train required), got {sorted(splits)}.")
     distributed = _start(options)
     train, validation, test = (splits.get(name) or ParallelCorpus([], []) for name in SPLITS)
-    print(f"Pairs: {len(train.sources)} train, {len(validation.sources)} validation, "
-          f"{len(test.sources)} test")
+    print(f"Pairs: {corpus_size(train):,} train, {len(validation.sources):,} validation, "
+          f"{len(test.sources):,} test")
     if options.evaluate_only:
         return _evaluate_again(options, test)
     if distributed.kind != "none":
         print(f"Devices: {distributed.description}")
     tokenizer_pair = shared_tokenizers(
         distributed, options.run_dir, train, options.vocab_size, options.tokenizer,
-        options.separate_vocabularies)
+        options.separate_vocabularies, options.tokenizer_sample, options.seed)
     config = _sized_config(config, options, tokenizer_pair)
     train_dataset, validation_dataset, total_steps = _datasets(
         options, config, tokenizer_pair, distributed, train, validation)
@@ -220,9 +225,15 @@ def _datasets(options, config, tokenizer_pair, distributed, train, validation):
                         batch_multiple=distributed.batch_multiple,
                         shard=distributed.input_shard, source_vocab_size=config.vocab_size,
                         target_vocab_size=config.resolved_target_vocab_size)
-    train_dataset, train_stats = make_dataset(
-        train.sources, train.targets, repeat=True, seed=options.seed,
-        name=f"{options.name} train split", **dataset_args)
+    name = f"{options.name} train split"
+    if isinstance(train, ParallelCorpus):
+        train_dataset, train_stats = make_dataset(
+            train.sources, train.targets, repeat=True, seed=options.seed, name=name,
+            **dataset_args)
+    else:  # a large split, streamed: its ids tokenized once, into the run directory
+        train_dataset, train_stats = dataset_from_pairs(
+            _cached_train_pairs(options, distributed, train, tokenizer_pair), repeat=True,
+            seed=options.seed, name=name, **dataset_args)
     validation_dataset = None
     if validation.sources:
         validation_dataset, _ = make_dataset(
@@ -234,6 +245,22 @@ def _datasets(options, config, tokenizer_pair, distributed, train, validation):
         total_steps = max(1, int(round(options.epochs * batches)))
         print(f"Steps: {options.epochs} epochs x {batches} batches = {total_steps} steps")
     return train_dataset, validation_dataset, total_steps
+
+
+def _cached_train_pairs(options, distributed, train, tokenizer_pair):
+    """The streamed training split's ids, from the run's token cache: the chief
+    tokenizes and writes it (the first time), the other processes read it."""
+    folder = run_files.path(options.run_dir, run_files.TOKEN_CACHE)
+    if distributed.is_chief:
+        pairs = token_cache.cached_pairs(folder, train, *tokenizer_pair, verbose=True)
+    distributed.barrier("token cache")
+    if distributed.is_chief:
+        return pairs
+    if not os.path.exists(os.path.join(folder, token_cache.MANIFEST)):
+        raise FileNotFoundError(
+            f"Process {distributed.cluster.process_id} finds no token cache in {folder} "
+            "after the chief wrote it: the run directory must be shared by every process.")
+    return token_cache.cached_pairs(folder, train, *tokenizer_pair, verbose=True)
 
 
 def _say_where_it_resumes(record, options, total_steps):

@@ -37,6 +37,8 @@ class RunOptions:
             dead and stops the others (TensorFlow's own timeout is 10 s).
         tokenizer: "sentencepiece" (BPE) or "wordpiece".
         vocab_size: Subword vocabulary size (per language with separate vocabularies).
+        tokenizer_sample: Learn the vocabulary from this many training pairs, drawn
+            uniformly with `seed` (None: from every pair).
         separate_vocabularies: One vocabulary per language instead of a shared one.
         max_sentence_length: Longest training source / target in tokens; longer pairs
             are dropped.
@@ -70,6 +72,7 @@ class RunOptions:
     peer_timeout: int = distribution.PEER_TIMEOUT
     tokenizer: str = "sentencepiece"
     vocab_size: int = 8000
+    tokenizer_sample: Optional[int] = None
     separate_vocabularies: bool = False
     max_sentence_length: int = 128
     tokens_per_batch: int = 4096
@@ -93,7 +96,7 @@ class RunOptions:
                      "vocab_size", "max_sentence_length", "tokens_per_batch", "bucket_width",
                      "beam_size"):
             checks.check_positive_int(name, getattr(self, name))
-        for name in ("steps", "eval_limit"):
+        for name in ("steps", "eval_limit", "tokenizer_sample"):
             if getattr(self, name) is not None:
                 checks.check_positive_int(name, getattr(self, name))
         if self.epochs is not None:

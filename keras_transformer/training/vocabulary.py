@@ -15,13 +15,17 @@ import threading
 import time
 
 from keras_transformer import run_files, tokenizers
+from keras_transformer.data.corpora import ParallelCorpus
+from keras_transformer.data.corpus_files import corpus_size, sample_pairs
 
 
 def learn_or_load_tokenizers(run_dir, corpus, vocab_size, kind="sentencepiece",
-                             separate=False):
+                             separate=False, sample=None, seed=0):
     """The run's `(source, target)` tokenizers (the same one twice when shared): read
     from `run_dir` when saved there, so a resumed run keeps its vocabulary, else learned
-    on the training `corpus` and saved.
+    on the training `corpus` (a `ParallelCorpus` or a streamed one,
+    `keras_transformer.data.corpus_files`), or on `sample` of its pairs drawn
+    uniformly with `seed`, and saved.
 
     Raises:
         ValueError: `run_dir` holds the other layout (shared or separate): its
@@ -42,6 +46,11 @@ def learn_or_load_tokenizers(run_dir, corpus, vocab_size, kind="sentencepiece",
         print(f"Tokenizer: reusing {', '.join(directories)}")
         return run_files.load_tokenizers(run_dir)
     start = time.time()
+    if sample is not None or not isinstance(corpus, ParallelCorpus):
+        total = corpus_size(corpus)
+        with _elapsed(f"Tokenizer: drawing {min(sample or total, total):,} of {total:,} "
+                      "pairs"):
+            corpus = sample_pairs(corpus, sample, seed)
     texts = [corpus.sources, corpus.targets] if separate else [corpus.sources + corpus.targets]
     per_language = " per language" if separate else ""
     with _elapsed(f"Tokenizer: learning a {kind} vocabulary of {vocab_size}{per_language} "
@@ -55,7 +64,7 @@ def learn_or_load_tokenizers(run_dir, corpus, vocab_size, kind="sentencepiece",
 
 
 def shared_tokenizers(distributed, run_dir, corpus, vocab_size, kind="sentencepiece",
-                      separate=False):
+                      separate=False, sample=None, seed=0):
     """`learn_or_load_tokenizers` in a run of one or several processes: the chief
     (`distributed.is_chief`) learns or reads the tokenizers and saves them; the other
     processes wait for it (`distributed.barrier`), then read them from `run_dir`, which
@@ -66,7 +75,8 @@ def shared_tokenizers(distributed, run_dir, corpus, vocab_size, kind="sentencepi
             `run_dir` once the chief has saved it: the folder is not shared.
     """
     if distributed.is_chief:
-        pair = learn_or_load_tokenizers(run_dir, corpus, vocab_size, kind, separate)
+        pair = learn_or_load_tokenizers(run_dir, corpus, vocab_size, kind, separate, sample,
+                                        seed)
     distributed.barrier("tokenizers")
     if distributed.is_chief:
         return pair

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
+from keras_transformer.data.batches import pair_order
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.data.pipeline import (
-    _pair_order,
     bucket_plan,
     encode_pairs,
     make_dataset,
@@ -206,7 +206,7 @@ def test_each_process_feeds_its_rows_of_every_global_batch(corpus_and_tokenizer)
 
 def test_each_pass_over_the_pairs_comes_in_a_new_order_made_from_the_seed():
     def order(**arguments):
-        return [int(i) for i in _pair_order(10, **arguments).take(30)]
+        return [int(i) for i in pair_order(10, **arguments).take(30)]
 
     passes = order(shuffle=True, repeat=True, seed=5)
     assert [sorted(passes[k:k + 10]) for k in (0, 10, 20)] == [list(range(10))] * 3

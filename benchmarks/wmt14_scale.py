@@ -1,0 +1,249 @@
+"""The WMT14 recipe at the paper's size on this machine: from 4.5 million pairs of text
+to the first training steps, with its memory and the time of each phase.
+
+Makes a corpus in the recipe's `--data-dir` layout (train, newstest2013, newstest2014,
+`.en` and `.de`): `--pairs` training pairs (4.5 million, WMT14's count), each two
+Multi30k training pairs joined, drawn with a seed, which gives about WMT14's sentence
+length and 1.2 GB of text; the test sets join Multi30k's validation and test pairs the
+same way (200 pairs each). Then it runs the same recipe command twice, with a small
+model and batches of 4096 tokens a side (`--steps 1`, then `--steps 2`: the second run
+resumes, reading the vocabulary and the token cache the first wrote), and reports for
+each run:
+
+    peak RSS     the recipe process's high-water mark (VmHWM): when the data is ready
+                 (before training), and at the end
+    phases       seconds from the command to each line the recipe prints: the corpus
+                 read and counted ("Pairs:"), the vocabulary's sample drawn and
+                 learned, the ids tokenized and cached (or read from the cache), the
+                 batching plan, and the first training steps done ("Trained")
+    padding      the share of padding in the batches, from the recipe's "Data:" line,
+                 against the Multi30k recipe's on its own data
+
+Goals (issue 52): peak memory <= 4 GB, the first step within 15 minutes of the
+command, a second run's within 2 minutes, padding no worse than Multi30k's. The
+corpus takes about 1.2 GB of disk in `--work-dir` (kept for reruns with
+`--keep-corpus`).
+
+    python benchmarks/wmt14_scale.py --work-dir /tmp/wmt14_scale
+    python benchmarks/wmt14_scale.py --quick   # 50,000 pairs: a smoke run, figures meaningless
+"""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common
+from serving import git_commit
+
+DATA_DIR = os.path.join(common.REPOSITORY, "..", "shared", "data", "multi30k")
+MODEL = ["--preset", "tiny", "--d-model", "64", "--d-ff", "128", "--num-heads", "2",
+         "--num-layers", "1", "--max-length", "256", "--warmup-steps", "100"]
+# (label, the line that ends the phase), in the order the recipe prints them.
+PHASES = (("read", r"^Pairs: "), ("sampled", r"^Tokenizer: learning "),
+          ("vocabulary", r"^Tokenizer: (learned|reusing) "),
+          ("tokenized", r"^Data: (cached the ids|reading the .* tokenized pairs)"),
+          ("planned", r"^Data: \d+/\d+ pairs kept"),
+          ("first steps", r"^Trained (to step )?\d+"))
+# Batches of 4096 tokens a side, not the paper's 25,000: a step's memory grows with
+# its batch times the vocabulary (the logits), whatever the corpus.
+TOKENS_PER_BATCH = 4096
+# Test sets kept small: the validation loss is computed at every checkpoint.
+TEST_PAIRS = 200
+PADDING = re.compile(r"padding (\d+)% of source and (\d+)% of target positions")
+
+
+def build_parser():
+    """The script's command-line options."""
+    parser = common.argument_parser(__doc__)
+    parser.add_argument("--pairs", type=int, default=4_500_000, help="training pairs made")
+    parser.add_argument("--work-dir", default="/tmp/wmt14_scale",
+                        help="where the corpus and the run directory go")
+    parser.add_argument("--data-dir", default=DATA_DIR,
+                        help="Multi30k's files (train, val, test_2016_flickr .en/.de[.gz])")
+    parser.add_argument("--backend", default="tensorflow", help="the recipe's KERAS_BACKEND")
+    parser.add_argument("--keep-corpus", action="store_true",
+                        help="reuse a corpus already made in --work-dir")
+    parser.add_argument("--quick", action="store_true",
+                        help="50,000 pairs, a 8,000-token vocabulary (figures meaningless)")
+    parser.add_argument("--output", help="also write the figures to this JSON file")
+    return parser
+
+
+def read_multi30k(data_dir, stem):
+    from keras_transformer.data.corpora import find_file, read_parallel
+
+    return read_parallel(find_file(data_dir, f"{stem}.en"), find_file(data_dir, f"{stem}.de"))
+
+
+def write_joined(corpus, count, folder, stem, seed):
+    """`count` pairs, each two pairs of `corpus` joined, drawn round by round from
+    seeded permutations; written as folder/STEM.en and folder/STEM.de."""
+    rng = np.random.default_rng(seed)
+    size = len(corpus.sources)
+    with open(os.path.join(folder, f"{stem}.en"), "w", encoding="utf-8") as english, \
+            open(os.path.join(folder, f"{stem}.de"), "w", encoding="utf-8") as german:
+        made = 0
+        while made < count:
+            order = rng.permutation(size)
+            firsts, seconds = order[0:size - 1:2], order[1:size:2]
+            take = min(len(firsts), count - made)
+            english.write("".join(f"{corpus.sources[a]} {corpus.sources[b]}\n"
+                                  for a, b in zip(firsts[:take], seconds[:take])))
+            german.write("".join(f"{corpus.targets[a]} {corpus.targets[b]}\n"
+                                 for a, b in zip(firsts[:take], seconds[:take])))
+            made += take
+
+
+def make_corpus(args, folder):
+    """The recipe's folder layout from Multi30k; returns its size in bytes."""
+    start = time.perf_counter()
+    os.makedirs(folder, exist_ok=True)
+    write_joined(read_multi30k(args.data_dir, "train"), args.pairs, folder, "train", seed=0)
+    for stem, source in (("newstest2013", "val"), ("newstest2014", "test_2016_flickr")):
+        write_joined(read_multi30k(args.data_dir, source), TEST_PAIRS, folder, stem, seed=1)
+    size = sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
+    common.progress(f"corpus: {args.pairs:,} training pairs, {size / 1e9:.2f} GB, made in "
+                    f"{time.perf_counter() - start:.0f} s")
+    return size
+
+
+class Watched:
+    """A command whose output lines are timed as they arrive and whose peak RSS is
+    read from /proc twice a second."""
+
+    def __init__(self, command, env):
+        self.lines, self.peak_kb, self.data_peak_kb = [], 0, None
+        self.start = time.perf_counter()
+        self.process = subprocess.Popen(command, cwd=common.REPOSITORY, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        threading.Thread(target=self._watch_memory, daemon=True).start()
+        for line in self.process.stdout:
+            self.lines.append((time.perf_counter() - self.start, line.rstrip("\n")))
+            if re.search(PHASES[-2][1], line):  # the data ready, training not begun
+                self._read_memory()
+                self.data_peak_kb = self.peak_kb
+            common.progress(f"  {self.lines[-1][0]:7.1f} s  {line.rstrip()[:150]}")
+        self.returncode = self.process.wait()
+
+    def _watch_memory(self):
+        while self.process.poll() is None:
+            self._read_memory()
+            time.sleep(0.5)
+
+    def _read_memory(self):
+        try:
+            with open(f"/proc/{self.process.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+        except OSError:
+            pass
+
+    def phases(self):
+        """{phase: seconds from the command} for the phases whose line came."""
+        found = {}
+        for label, pattern in PHASES:
+            for seconds, line in self.lines:
+                if re.search(pattern, line):
+                    found[label] = seconds
+                    break
+        return found
+
+    def padding(self):
+        for _, line in self.lines:
+            match = PADDING.search(line)
+            if match and "pairs kept" in line:
+                return int(match.group(1)), int(match.group(2))
+        return None
+
+
+def recipe_command(args, folder, run_dir, steps):
+    vocabulary = ["--vocab-size", "8000"] if args.quick else []
+    return [sys.executable, "-m", "recipes.wmt14", "--data-dir", folder, "--run-dir", run_dir,
+            "--steps", str(steps), "--checkpoint-every", "1", "--eval-limit", "10",
+            "--tokens-per-batch", str(TOKENS_PER_BATCH), "--no-export", "--verbose", "2",
+            *vocabulary, *MODEL]
+
+
+def multi30k_padding(args):
+    """The Multi30k recipe's padding share on its own training split (its batching
+    plan, no training)."""
+    from keras_transformer.data.pipeline import make_dataset
+    from keras_transformer.tokenizers import SubwordTokenizer
+
+    corpus = read_multi30k(args.data_dir, "train")
+    tokenizers = [SubwordTokenizer.train(texts, 8000) for texts in (corpus.targets,
+                                                                    corpus.sources)]
+    _, stats = make_dataset(corpus.targets, corpus.sources, *tokenizers, verbose=False,
+                            max_sentence_length=64, tokens_per_batch=2048, bucket_width=4)
+    return round(stats.source_padding * 100), round(stats.target_padding * 100)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.pairs = 50_000
+    folder, run_dir = (os.path.join(args.work_dir, name) for name in ("data", "run"))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if not (args.keep_corpus and os.path.exists(os.path.join(folder, "train.de"))):
+        shutil.rmtree(folder, ignore_errors=True)
+        make_corpus(args, folder)
+    env = dict(os.environ, KERAS_BACKEND=args.backend, TF_CPP_MIN_LOG_LEVEL="3")
+    results = {"commit": git_commit(), "machine": common.machine(), "pairs": args.pairs,
+               "backend": args.backend, "runs": []}
+    for steps in (1, 2):
+        common.progress(f"run {steps}: the recipe, --steps {steps}")
+        watched = Watched(recipe_command(args, folder, run_dir, steps), env)
+        if watched.returncode:
+            raise SystemExit(f"error: the recipe exited with status {watched.returncode}")
+        results["runs"].append({"steps": steps, "peak_rss_gb": watched.peak_kb / 2**20,
+                                "data_peak_rss_gb": (watched.data_peak_kb or 0) / 2**20,
+                                "phases_s": watched.phases(), "padding": watched.padding()})
+    results["multi30k_padding"] = multi30k_padding(args)
+    cache = os.path.join(run_dir, "token_cache")
+    results["cache_mb"] = sum(os.path.getsize(os.path.join(cache, name))
+                              for name in os.listdir(cache)) / 2**20
+    print()
+    print(markdown(results, "python " + " ".join(
+        shlex.quote(a) for a in ["benchmarks/wmt14_scale.py",
+                                 *(sys.argv[1:] if argv is None else argv)])))
+    if args.output:
+        with open(args.output, "w") as file:
+            json.dump(results, file, indent=1)
+    common.emit(results)
+
+
+def markdown(results, command):
+    """The table of the two runs."""
+    labels = [label for label, _ in PHASES]
+    lines = [f"commit `{results['commit']}`, `{command}` ({results['pairs']:,} pairs, "
+             f"{results['backend']}; token cache {results['cache_mb']:,.0f} MiB)", "",
+             "| run | peak RSS, data ready / after the steps | " + " | ".join(labels)
+             + " | padding (source / target) |",
+             "| --- | --- | " + " | ".join("---" for _ in labels) + " | --- |"]
+    for run in results["runs"]:
+        phases = run["phases_s"]
+        padding = run["padding"]
+        lines.append(
+            f"| {'first' if run['steps'] == 1 else 'second (cache)'} | "
+            f"{run['data_peak_rss_gb']:.2f} / {run['peak_rss_gb']:.2f} GB | "
+            + " | ".join(f"{phases[label]:,.0f} s" if label in phases else "—"
+                         for label in labels)
+            + (f" | {padding[0]}% / {padding[1]}% |" if padding else " | — |"))
+    source, target = results["multi30k_padding"]
+    lines.append(f"\nMulti30k recipe's padding on its training split: {source}% / {target}%. "
+                 "Each phase is the time from the command to the line that ends it.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    common.run_script(main)

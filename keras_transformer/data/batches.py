@@ -1,0 +1,91 @@
+"""§5.1 batching on the `tf.data` side: pairs cut from arrays of ids in the graph,
+ordered by a stateless shuffle, bucketed by length and padded.
+
+What `keras_transformer.data.pipeline.dataset_from_pairs` assembles: `pair_order`
+draws the indices of the kept pairs, pass after pass; `element_function` cuts each
+pair from the flat id arrays (in memory, or memory-mapped from a token cache) and
+adds BOS and EOS; `batched` buckets, pads, rounds the batches to the data-parallel
+replicas, keeps a process's rows and prefetches.
+"""
+
+import numpy as np
+
+
+def element_function(pairs, kept, specials):
+    """Kept pair k -> (source + [EOS], [BOS] + target, target + [EOS]), int32, cut
+    from the flat id arrays in the graph."""
+    import tensorflow as tf
+
+    eos, bos, target_eos = (tf.constant([int(i)], tf.int32) for i in specials)
+    tables = {name: tf.constant(np.ascontiguousarray(values)) for name, values in (
+        ("source_ids", pairs.source_ids), ("target_ids", pairs.target_ids),
+        ("source_starts", pairs.source_offsets[kept.rows]),
+        ("target_starts", pairs.target_offsets[kept.rows]),
+        ("source_lengths", kept.source_lengths), ("target_lengths", kept.target_lengths))}
+
+    @tf.autograph.experimental.do_not_convert  # plain graph code: nothing to convert
+    def element(index):
+        def ids(side):
+            start = tables[f"{side}_starts"][index]
+            piece = tables[f"{side}_ids"][start:start + tables[f"{side}_lengths"][index]]
+            return tf.cast(piece, tf.int32)
+
+        source, target = ids("source"), ids("target")
+        return (tf.concat([source, eos], 0), tf.concat([bos, target], 0),
+                tf.concat([target, target_eos], 0))
+
+    return element
+
+
+def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
+    """§5.1 batches: bucketed by length, padded to the bucket, rounded to
+    `batch_multiple`, this process's rows of `shard`, as `({"source", "target"},
+    labels)`, prefetched."""
+    import tensorflow as tf
+
+    boundaries, batch_sizes, _ = plan
+    dataset = dataset.bucket_by_sequence_length(
+        element_length_func=lambda s, t, y: tf.maximum(tf.shape(s)[0], tf.shape(t)[0]),
+        bucket_boundaries=boundaries, bucket_batch_sizes=batch_sizes,
+        padding_values=padding, pad_to_bucket_boundary=True)
+    if batch_multiple > 1:
+        def pad_rows(*tensors):
+            missing = -tf.shape(tensors[0])[0] % batch_multiple
+            return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad)
+                         for x, pad in zip(tensors, padding))
+
+        dataset = dataset.map(pad_rows)
+    if shard is not None:
+        index, count = shard
+
+        def own_rows(*tensors):
+            rows = tf.shape(tensors[0])[0] // count
+            return tuple(x[index * rows:(index + 1) * rows] for x in tensors)
+
+        dataset = dataset.map(own_rows)
+    dataset = dataset.map(lambda s, t, y: ({"source": s, "target": t}, y),
+                          num_parallel_calls=tf.data.AUTOTUNE)
+    if cardinality is not None:
+        # Bucketing hides the length from tf.data; telling Keras spares it a
+        # first pass that ends in an "ran out of data" warning.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
+    # Under tf.distribute.MultiWorkerMirroredStrategy each worker keeps its part of
+    # every global batch (the data's, as nothing here reads files).
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def pair_order(pairs, shuffle, repeat, seed):
+    """The indices of the pairs in the order they are batched: pass after pass when
+    `repeat`, each pass in a new order when `shuffle`. Pass k's order is a function of
+    (seed, k) alone (a stateless shuffle), so every process of a cluster, and every
+    iterator over the dataset, draws the same batches."""
+    import tensorflow as tf
+
+    passes = tf.data.Dataset.range(2**62 if repeat else 1)
+    if not shuffle:
+        return passes.flat_map(lambda _: tf.data.Dataset.range(pairs))
+    return passes.flat_map(lambda k: tf.data.Dataset.from_tensor_slices(
+        tf.random.experimental.stateless_shuffle(
+            tf.range(pairs, dtype=tf.int64), seed=tf.stack([tf.constant(seed, tf.int64), k]))))

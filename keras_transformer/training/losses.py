@@ -8,6 +8,15 @@ token and spreads ε_ls uniformly over the K vocabulary entries:
 
 Padding positions (target id `pad_id`) contribute nothing; the loss is the mean
 over the real target tokens of the batch.
+
+With log p(k) = z_k - lse(z) for the logits z, the loss is one pass over them,
+
+    loss = lse(z) - (1 - ε_ls) z_y - ε_ls mean_k(z_k),   ∂loss/∂z = softmax(z) - q',
+
+which the fused form computes without a (batch, T, vocab) tensor of
+log-probabilities, and differentiates by the formula (`keras.ops.custom_gradient`)
+instead of through a log-softmax; the other form (`fused=False`) is the log-softmax
+written out, kept as the reference it is tested against.
 """
 
 import keras
@@ -24,6 +33,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         label_smoothing: ε_ls in [0, 1) (0.1 in the paper); 0 gives the plain
             sparse categorical cross-entropy.
         pad_id: Target id that marks padding.
+        fused: Compute it in one pass over the logits with the gradient written
+            out (see the module); False takes the log-softmax. The same values and
+            gradients to float32 round-off.
         name: Loss name.
 
     Call arguments:
@@ -41,7 +53,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     >>> value = loss(keras.ops.array([[1, 2, 0]]), keras.ops.zeros((1, 3, 5)))
     """
 
-    def __init__(self, label_smoothing=0.1, pad_id=0, name="label_smoothed_cross_entropy"):
+    def __init__(self, label_smoothing=0.1, pad_id=0, fused=True,
+                 name="label_smoothed_cross_entropy"):
         super().__init__(name=name, dtype="float32")
         if not 0 <= label_smoothing < 1:
             raise ValueError(
@@ -49,10 +62,14 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             )
         self.label_smoothing = label_smoothing
         self.pad_id = pad_id
+        self.fused = bool(fused)
 
     def call(self, y_true, y_pred):
         """Per-token losses, (batch, T) float32, zero at padding positions."""
         y_true = ops.cast(y_true, "int32")
+        if self.fused:
+            losses = smoothed_cross_entropy(y_true, y_pred, self.label_smoothing)
+            return ops.where(ops.not_equal(y_true, self.pad_id), losses, 0.0)
         log_probs = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)
         true_log_probs = ops.squeeze(
             ops.take_along_axis(log_probs, y_true[..., None], axis=-1), axis=-1
@@ -80,8 +97,48 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         return {
             "label_smoothing": self.label_smoothing,
             "pad_id": self.pad_id,
+            "fused": self.fused,
             "name": self.name,
         }
+
+
+def smoothed_cross_entropy(labels, logits, label_smoothing):
+    """The label-smoothed cross-entropy of every position in one pass over the logits,
+    with its gradient written out (the module's formulas).
+
+    Args:
+        labels: (batch, T) int32 target ids.
+        logits: (batch, T, vocab), any float dtype (float16 and bfloat16 are
+            computed in float32; the gradient comes back in the logits' dtype).
+        label_smoothing: ε_ls.
+
+    Returns:
+        (batch, T) float32 losses, padding included.
+    """
+    eps = float(label_smoothing)
+
+    @ops.custom_gradient
+    def losses_of(logits):
+        z = ops.cast(logits, "float32")
+        vocab = ops.shape(z)[-1]
+        lse = ops.logsumexp(z, axis=-1)
+        label_logit = ops.squeeze(ops.take_along_axis(z, labels[..., None], axis=-1), -1)
+        losses = lse - (1.0 - eps) * label_logit
+        if eps:
+            losses = losses - eps * ops.mean(z, axis=-1)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            target = (1.0 - eps) * ops.one_hot(labels, vocab, dtype="float32")
+            if eps:
+                target = target + eps / ops.cast(vocab, "float32")
+            softmax = ops.exp(z - lse[..., None])
+            return ops.cast((softmax - target) * upstream[..., None], logits.dtype)
+
+        return losses, grad
+
+    return losses_of(logits)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

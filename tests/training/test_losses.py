@@ -113,3 +113,77 @@ def test_masked_token_accuracy_config_round_trip():
     logits[0, 0, 0] = logits[0, 1, 1] = logits[0, 2, 1] = 1.0
     revived.update_state(labels, logits)
     np.testing.assert_allclose(float(ops.convert_to_numpy(revived.result())), 0.5, rtol=1e-6)
+
+
+# The fused form: one pass over the logits, its gradient written out. It must give
+# the log-softmax form's values and gradients, padding included, on every backend,
+# compiled, and in half precision.
+
+
+def gradient_of(function, logits, compiled=False):
+    """d function(logits) / d logits with the backend's own autodiff (compiled with
+    jax.jit or tf.function(jit_compile=True) when `compiled`)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        grad = jax.grad(lambda z: function(z))
+        return np.asarray((jax.jit(grad) if compiled else grad)(logits), "float32")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        def grad(z):
+            with tf.GradientTape() as tape:
+                tape.watch(z)
+                value = function(z)
+            return tape.gradient(value, z)
+
+        if compiled:
+            grad = tf.function(grad, jit_compile=True)
+        return np.asarray(grad(tf.convert_to_tensor(logits)), "float32")
+    import torch
+
+    z = torch.tensor(ops.convert_to_numpy(ops.cast(logits, "float32"))).to(
+        getattr(torch, keras.backend.standardize_dtype(logits.dtype)))
+    z.requires_grad_(True)
+    function(z).backward()
+    return z.grad.float().numpy()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_fused_loss_gives_the_log_softmax_values_and_gradients(eps, compiled):
+    labels = np.array([[3, 1, 4, 0, 0], [2, 5, 0, 0, 0]])
+    logits = (RNG.normal(size=(2, 5, 7)) * 4).astype("float32")
+    logits[:, 3:] = 1000.0  # padding: huge logits there change nothing
+    weights = np.array([1.0, 0.5], "float32")
+    fused = LabelSmoothedCrossEntropy(eps, fused=True)
+    reference = LabelSmoothedCrossEntropy(eps, fused=False)
+    values = [float(ops.convert_to_numpy(loss(labels, logits, sample_weight=weights)))
+              for loss in (fused, reference)]
+    np.testing.assert_allclose(values[0], values[1], rtol=1e-6)
+    gradients = [gradient_of(lambda z, loss=loss: loss(labels, z, sample_weight=weights),
+                             logits, compiled) for loss in (fused, reference)]
+    np.testing.assert_allclose(gradients[0], gradients[1], atol=1e-7)
+    assert not gradients[0][labels == 0].any()  # padding gets no gradient
+    # ∂/∂z = (softmax(z) - q') / tokens, by hand, for one real position.
+    z = logits[1, 1].astype("float64")
+    softmax = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    target = (1 - eps) * np.eye(7)[5] + eps / 7
+    np.testing.assert_allclose(gradients[0][1, 1], 0.5 * (softmax - target) / 5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_fused_loss_in_half_precision_computes_in_float32(dtype):
+    labels = np.array([[1, 2, 3, 0]])
+    logits = ops.cast(RNG.normal(size=(1, 4, 6)) * 3, dtype)
+    loss = LabelSmoothedCrossEntropy(0.1, fused=True)
+    value = loss(labels, logits)
+    assert keras.backend.standardize_dtype(value.dtype) == "float32"
+    exact = numpy_smoothed_loss(labels, ops.convert_to_numpy(ops.cast(logits, "float32")), 0.1)
+    np.testing.assert_allclose(float(ops.convert_to_numpy(value)), exact, rtol=1e-5)
+    gradient = gradient_of(lambda z: loss(labels, z), logits)
+    reference = gradient_of(lambda z: LabelSmoothedCrossEntropy(0.1, fused=False)(labels, z),
+                            ops.cast(logits, "float32"))
+    # The fused gradient comes back in the logits' dtype, rounded to it.
+    np.testing.assert_allclose(gradient, reference, atol=2e-3, rtol=1e-2)

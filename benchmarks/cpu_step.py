@@ -55,6 +55,11 @@ def build_parser():
     parser.add_argument("--windows", type=int, default=3, help="timed windows per process")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--data-dir", default=DATA_DIR, help="Multi30k's files")
+    parser.add_argument("--feed", default="pipeline", choices=("pipeline", "memory"),
+                        help="pipeline: the recipe's tf.data pipeline, as model.fit gets it; "
+                             "memory: the same batches drawn beforehand into NumPy arrays and "
+                             "fed from a Python generator, which takes the input pipeline "
+                             "out of the step")
     parser.add_argument("--profile", action="store_true",
                         help="also show where a JAX and a torch step go, op by op")
     parser.add_argument("--quick", action="store_true",
@@ -108,6 +113,8 @@ def child(args):
     keras.utils.set_random_seed(0)
     dataset, _ = make_dataset(sources, targets, source_tokenizer, target_tokenizer,
                               repeat=True, verbose=False, **BATCHING)
+    if args.feed == "memory":
+        dataset = _in_memory(dataset, args.steps * (args.windows + 1))
     sizes = dict(d_model=32, num_layers=1, num_heads=2, d_ff=64) if args.quick else {}
     config = kt.TransformerConfig.small(
         vocab_size=source_tokenizer.vocab_size, target_vocab_size=target_tokenizer.vocab_size,
@@ -115,11 +122,26 @@ def child(args):
     model = kt.Transformer(config)
     compile_model(model, config, fused_loss=loss == "fused")
     windows = _timed_windows(model, dataset, args.steps, args.windows)
-    result = {"backend": keras.backend.backend(), "loss": loss, "jit_compile": model.jit_compile,
+    result = {"backend": keras.backend.backend(), "loss": loss, "feed": args.feed,
+              "jit_compile": model.jit_compile,
               "window_ms_per_step": windows, "ms_per_step": statistics.median(windows)}
     if args.profile:
         result["profile"] = _profile(model, dataset, max(2, args.steps // 5))
     common.emit(result)
+
+
+def _in_memory(dataset, count):
+    """An endless generator over the first `count` batches of `dataset`, drawn now as
+    NumPy arrays."""
+    import itertools
+
+    batches = list(itertools.islice(dataset.as_numpy_iterator(), count))
+
+    def cycle():
+        while True:
+            yield from batches
+
+    return cycle()
 
 
 def _timed_windows(model, dataset, steps, windows):
@@ -140,7 +162,7 @@ def _timed_windows(model, dataset, steps, windows):
                 common.progress(f"  window {epoch}/{windows}: {medians[-1]:.0f} ms/step")
 
     stamps, medians = [], []
-    model.fit(dataset, steps_per_epoch=steps, epochs=windows + 1, verbose=0,
+    model.fit(dataset, steps_per_epoch=steps, epochs=windows + 1, verbose=0, shuffle=False,
               callbacks=[Clock()])
     return medians
 
@@ -159,7 +181,7 @@ def _profile(model, dataset, steps):
 
         with tempfile.TemporaryDirectory() as trace_dir:
             jax.profiler.start_trace(trace_dir)
-            model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+            model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
             jax.profiler.stop_trace()
             totals, _ = xla_operations(trace_dir)
         return _grouped({name: us / 1e3 / steps for name, us in totals.items()})
@@ -167,7 +189,7 @@ def _profile(model, dataset, steps):
         import torch
 
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+            model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
         return _grouped({event.key: event.self_cpu_time_total / 1e3 / steps
                          for event in prof.key_averages()})
     return None
@@ -197,7 +219,7 @@ def _grouped(per_op):
 def run_child(args, folder, backend, loss):
     command = [sys.executable, os.path.abspath(__file__), "--child", f"{folder},{loss}",
                "--steps", str(args.steps), "--windows", str(args.windows)]
-    command += ["--profile"] * args.profile + ["--quick"] * args.quick
+    command += ["--profile"] * args.profile + ["--quick"] * args.quick + ["--feed", args.feed]
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     common.progress(f"{backend}, {loss} loss:")
     process = subprocess.run(command, env=env, cwd=common.REPOSITORY, text=True,

@@ -281,7 +281,21 @@ def report(results, backends, args, started):
               if isinstance(value, dict) and "error" in value]
     if errors:
         parts += ["## Runs that failed", "", *errors, ""]
-    return "\n".join(parts)
+    return "\n".join(_with_commit_lines(parts, versions()["keras-transformer"]))
+
+
+def _with_commit_lines(parts, commit):
+    """`parts` with a line naming the commit measured under each section's title,
+    so that each table names its commit in its own section (tests/test_figures.py)."""
+    hash_, _, rest = commit.partition(" ")
+    line = (f"Measured at commit `{hash_}`{', ' + rest.strip('()') if rest else ''}."
+            if hash_ != "unknown" else "Measured at an unknown commit.")
+    with_lines = []
+    for part in parts:
+        with_lines.append(part)
+        if part.startswith("## ") and part != "## Runs that failed":
+            with_lines += ["", line]
+    return with_lines
 
 
 # The sections this script writes, and the analysis written by hand for its

@@ -239,6 +239,12 @@ def build_parser():
                         help="keras.config.enable/disable_flash_attention (auto: Keras decides)")
     parser.add_argument("--check-attention", action="store_true",
                         help="also report which kernel ran the attention (see above)")
+    parser.add_argument("--loss", choices=("fused", "reference"), default="fused",
+                        help="the label-smoothed loss fused (one pass over the logits, a "
+                             "hand-written gradient) or in its log-softmax form")
+    parser.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto",
+                        help="Keras's compile(jit_compile=...): under torch, on compiles the "
+                             "train step with torch.compile (auto: Keras's choice, eager)")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="after fit, profile STEPS train_on_batch steps (see profile_steps)")
     return parser
@@ -275,9 +281,11 @@ def fit(args, config, inputs, labels, batch_size, target_tokens):
     import keras_transformer as kt
 
     model = kt.Transformer(config)
+    jit_compile = {"auto": "auto", "on": True, "off": False}[args.jit_compile]
     model.compile(optimizer=kt.paper_adam(config.d_model, config.warmup_steps),
-                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id),
-                  steps_per_execution=args.steps_per_execution)
+                  loss=kt.LabelSmoothedCrossEntropy(config.label_smoothing, config.pad_id,
+                                                    fused=args.loss == "fused"),
+                  steps_per_execution=args.steps_per_execution, jit_compile=jit_compile)
     windows = args.steps // args.window
     timer = window_timer(args.window, target_tokens, windows)
     start = time.perf_counter()

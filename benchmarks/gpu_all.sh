@@ -79,8 +79,10 @@ run() {
 fit="benchmarks/gpu.py --peak-tflops $peak"
 long="--steps 80 --window 20"   # four windows: the first compiles, the median of three
 short="--steps 40 --window 20"  # two windows: the first compiles
+compiled="--jit-compile on"     # torch.compile of Keras's torch train step
 if [[ ${QUICK:-0} == 1 ]]; then
-  fit="benchmarks/gpu.py --quick --allow-cpu" long="" short=""
+  # torch.compile takes minutes on a CPU: the quick check runs those rows eager.
+  fit="benchmarks/gpu.py --quick --allow-cpu" long="" short="" compiled=""
 fi
 # Ours against torch.nn.Transformer on the same batches (eager, torch.compile).
 run jax-base-bf16 170 jax $fit $long --peers eager,compile
@@ -89,7 +91,13 @@ run jax-big-bf16 170 jax $fit $long --config big --peers compile
 if [[ -n $before ]]; then
   run before-jax-base-bf16 40 jax $before/$fit $short
 fi
-run torch-base-bf16 50 torch $fit $long
+run torch-base-bf16 50 torch $fit $long --peers eager
+# Keras's torch trainer with the train step under torch.compile (issue 53).
+run torch-base-bf16-compiled 120 torch $fit $long $compiled
+run torch-big-bf16 60 torch $fit $short --config big
+run torch-big-bf16-compiled 120 torch $fit $short --config big $compiled
+# The fused label-smoothed loss against its log-softmax form.
+run jax-big-bf16-reference-loss 45 jax $fit $short --config big --loss reference
 run jax-base-bf16-profile 40 jax $fit $short --profile 5
 run jax-base-fp16 40 jax $fit $short --precision mixed_float16
 if [[ -n $before ]]; then

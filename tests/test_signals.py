@@ -182,3 +182,42 @@ def test_serving(signal_name, saved_model):
     command.wait_until(lambda: "AVAILABLE" in command.text("stderr"), "the model's AVAILABLE")
     status, lines = command.interrupt(signal_name)
     check_ended(command, signal_name, status, lines)
+
+
+def test_serving_while_the_first_version_loads(saved_model):
+    """SIGTERM while the SavedModel is still loading (TensorFlow's C++ at work on the
+    loading thread): the command ends at once with 143, without waiting for the
+    warm-up or aborting inside the loader."""
+    command = Command(keras_transformer("serve", str(saved_model), "--port", "0"))
+    command.wait_until(lambda: "loading and warming up" in command.text("stderr"),
+                       "the server's first line")
+    status, lines = command.interrupt("SIGTERM")
+    check_ended(command, "SIGTERM", status, lines)
+    assert "AVAILABLE" not in command.text("stderr"), "it ended before the model was served"
+    assert "terminate called" not in command.text("stderr")
+
+
+SERVE_WHILE_A_VERSION_WARMS_UP = """
+import concurrent.futures, signal, sys, threading, time
+from keras_transformer import serving
+from keras_transformer.cli import commands, errors, parser
+
+# A warm-up under way: replay_warmup_requests runs on a ThreadPoolExecutor, whose
+# threads an ending interpreter waits for.
+pool = concurrent.futures.ThreadPoolExecutor(1)
+pool.submit(time.sleep, 600)
+serving.serve = lambda base_path, options: signal.SIGTERM  # the graceful shutdown's answer
+args = parser.build_parser().parse_args(["serve", sys.argv[1]])
+with errors.command_line():
+    commands.serve(args)
+"""
+
+
+def test_serve_ends_without_waiting_for_a_version_that_warms_up(tmp_path):
+    """After the graceful shutdown the command ends with 143 at once, though a
+    version's warm-up thread still runs (an ending interpreter would wait for it)."""
+    result = subprocess.run([sys.executable, "-c", SERVE_WHILE_A_VERSION_WARMS_UP,
+                             str(tmp_path)], capture_output=True, text=True, cwd=REPOSITORY,
+                            timeout=EXIT_TIMEOUT)
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

@@ -173,9 +173,24 @@ def serve(args):
     options = ServerOptions(batching=batching, **{
         field.name: getattr(args, field.name) for field in dataclasses.fields(ServerOptions)
         if field.name != "batching" and hasattr(args, field.name)})
-    stopped_by = serving.serve(args.saved_model, options)
-    # After the graceful shutdown, the command ends as the signal asks (130, 143).
-    if stopped_by == signal.SIGINT:
-        raise KeyboardInterrupt
-    if stopped_by == signal.SIGTERM:
-        raise errors.Terminated
+    try:
+        stopped_by = serving.serve(args.saved_model, options)
+    except KeyboardInterrupt:  # before the server took over the signals: while binding
+        stopped_by = signal.SIGINT
+    except errors.Terminated:
+        stopped_by = signal.SIGTERM
+    if stopped_by in (signal.SIGINT, signal.SIGTERM):
+        _end_after_shutdown(stopped_by)
+
+
+def _end_after_shutdown(signal_number):
+    """After the graceful shutdown (the requests in flight answered, the batch threads
+    stopped), the command ends at once with the signal's status (130, 143). A version
+    still loading or warming up is left where it is: ending the interpreter the usual
+    way would wait for its thread to finish the warm-up (minutes), or abort inside
+    TensorFlow's C++ loader."""
+    if signal_number == signal.SIGINT:
+        print(file=sys.stderr)  # after the ^C the terminal shows
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signal_number)

@@ -146,9 +146,14 @@ class TranslationServer:
         finally:
             self._loaded.set()
 
-    def _bind_and_load(self):
-        """Binds the port, then loads the first version on a thread."""
+    def _bind_and_load(self, announce=False):
+        """Binds the port, then loads the first version on a thread. `announce` logs
+        the server's URL first: before the loading thread imports TensorFlow, which a
+        command line does with stderr set aside (`logs.quiet_native_logs`)."""
         self._bind()
+        if announce:
+            self._log(f"Serving {self.name} at {self.url} (POST :predict); loading and "
+                      "warming up the latest version")
         threading.Thread(target=self._load_first_version, name="load", daemon=True).start()
 
     def _bind(self):
@@ -184,9 +189,7 @@ class TranslationServer:
         """Binds, loads and serves until SIGTERM or Ctrl-C (in the main
         thread); then answers the requests in flight and returns the signal
         that stopped it (`signal.SIGTERM` or `signal.SIGINT`)."""
-        self._bind_and_load()
-        self._log(f"Serving {self.name} at {self.url} (POST :predict); loading and warming up "
-                  "the latest version")
+        self._bind_and_load(announce=True)
         try:
             self._server.run(sockets=[self._socket])
         finally:

@@ -322,3 +322,35 @@ def test_serving_shapes_are_checked():
         ServingShapes.for_model(config, lengths=(16, 400))
     with pytest.raises(ValueError, match="must end at max_source_length=128"):
         ServingShapes.for_model(config, max_source_length=128, lengths=(16, 32))
+
+
+@tensorflow_pass
+def test_separate_vocabularies_detokenize_with_the_target_one(tmp_path):
+    """A model with a source and a target vocabulary: the SavedModel reads with the
+    source SentencePiece model and writes with the target one (two unnamed tf-text
+    resources were one once loaded, and the target ids came out in source pieces)."""
+    import keras
+    import tensorflow as tf
+
+    import keras_transformer as kt
+    from keras_transformer.data.corpora import synthetic_translation
+    from keras_transformer.export.saved_model import export_model
+    from keras_transformer.inference import Translator
+    from keras_transformer.tokenizers import SubwordTokenizer
+
+    keras.utils.set_random_seed(0)
+    corpus = synthetic_translation(300, seed=0)
+    source = SubwordTokenizer.train(corpus.sources, vocab_size=150)
+    target = SubwordTokenizer.train(corpus.targets, vocab_size=200)
+    config = kt.TransformerConfig.tiny(vocab_size=source.vocab_size, num_layers=1,
+                                       target_vocab_size=target.vocab_size,
+                                       share_embeddings=False)
+    model = kt.Transformer(config)
+    path = export_model(model, source, target, str(tmp_path / "separate"), beam_size=1,
+                        alpha=0.0, batch_sizes=(4,), lengths=(16,))
+    loaded, _ = load_saved_model(path)
+    sentences = list(corpus.sources[:4])
+    served = loaded.signatures["serving_default"](inputs=tf.constant(sentences))
+    served = [text.decode("utf-8") for text in served["translations"].numpy()]
+    expected = Translator(model, source, target).translate(sentences, beam_size=1, alpha=0)
+    assert served == [result.text for result in expected]

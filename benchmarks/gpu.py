@@ -239,7 +239,7 @@ def build_parser():
                         help="keras.config.enable/disable_flash_attention (auto: Keras decides)")
     parser.add_argument("--check-attention", action="store_true",
                         help="also report which kernel ran the attention (see above)")
-    parser.add_argument("--loss", choices=("fused", "reference"), default="fused",
+    parser.add_argument("--loss", choices=("fused", "reference"), default="reference",
                         help="the label-smoothed loss fused (one pass over the logits, a "
                              "hand-written gradient) or in its log-softmax form")
     parser.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto",

@@ -96,8 +96,8 @@ run torch-base-bf16 50 torch $fit $long --peers eager
 run torch-base-bf16-compiled 120 torch $fit $long $compiled
 run torch-big-bf16 60 torch $fit $short --config big
 run torch-big-bf16-compiled 120 torch $fit $short --config big $compiled
-# The fused label-smoothed loss against its log-softmax form.
-run jax-big-bf16-reference-loss 45 jax $fit $short --config big --loss reference
+# The fused label-smoothed loss against its log-softmax form (the default).
+run jax-big-bf16-fused-loss 45 jax $fit $short --config big --loss fused
 run jax-base-bf16-profile 40 jax $fit $short --profile 5
 run jax-base-fp16 40 jax $fit $short --precision mixed_float16
 if [[ -n $before ]]; then

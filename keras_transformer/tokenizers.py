@@ -357,29 +357,15 @@ def _join_punctuation(texts):
 
 
 def _name_the_model_resource(layer):
-    """Gives the tf-text SentencePiece model resource of a keras-hub tokenizer a name
-    made from its model's sha256.
+    """Names `layer`'s tf-text model resource by its sha256: unnamed, a loaded SavedModel
+    made the source and target models one (target ids detokenized with the source's)."""
+    from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text
 
-    tf-text creates the resource unnamed. In a SavedModel loaded back, two unnamed
-    SentencePiece resources are one: an export with a source and a target vocabulary
-    then detokenized the target ids with the source model. Named by content, two
-    tokenizers share a resource only when their models are the same bytes, in one
-    export or across the versions a server loads."""
-    from tensorflow.python.framework import ops
-    from tensorflow_text.python.ops import sentencepiece_tokenizer
-
-    class ContentNamedResource(sentencepiece_tokenizer._SentencepieceModelResource):
-        def __init__(self, model, name):
-            data = model if isinstance(model, bytes) else str(model).encode("utf-8")
-            self._shared_name = "sentencepiece_" + hashlib.sha256(data).hexdigest()
-            super().__init__(model, name)
-
+    class ContentNamedResource(tf_text._SentencepieceModelResource):
         def _create_resource(self):
-            with ops.name_scope(self._name, "SentenceTokenizerInitializer", [self._model]):
-                return sentencepiece_tokenizer.gen_sentencepiece_tokenizer.sentencepiece_op(
-                    model=self._model, shared_name=self._shared_name)
+            name = "sentencepiece_" + hashlib.sha256(self._model).hexdigest()
+            return tf_text.gen_sentencepiece_tokenizer.sentencepiece_op(
+                model=self._model, shared_name=name)
 
-    tokenizer = layer._sentence_piece
-    unnamed = tokenizer._model_resource
-    tokenizer._model_resource = ContentNamedResource(unnamed._model, unnamed._name)
-
+    unnamed = layer._sentence_piece._model_resource
+    layer._sentence_piece._model_resource = ContentNamedResource(unnamed._model, unnamed._name)

@@ -3,9 +3,9 @@
 A page reads like a notebook: its blocks run in order in one fresh namespace, in a temporary
 working directory, under the backend of the pass. README.md's run in every pass, since the
 README says its snippet runs unchanged on the three backends; the other pages' in the torch
-pass only (their subject is the library's API, which the backend tests cover per backend). A failure names the page and the line where
-its block starts, and the traceback gives the page's own line numbers. Shell commands sit in
-```bash blocks, which are not run.
+pass only (their subject is the library's API, which the backend tests cover per backend).
+A failure names the page and the line where its block starts, and the traceback gives the
+page's own line numbers. Shell commands sit in ```bash blocks, which are not run.
 """
 
 import glob

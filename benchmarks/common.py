@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import resource
+import shlex
 import statistics
 import sys
 import time
@@ -196,6 +197,23 @@ def backend_name():
     import keras
 
     return keras.backend.backend()
+
+
+def command_line(script, argv=None):
+    """The shell command that reruns `script` (benchmarks/NAME.py) with the given
+    arguments (this process's own when `argv` is None), as the tables print it."""
+    arguments = sys.argv[1:] if argv is None else argv
+    return "TF_CPP_MIN_LOG_LEVEL=3 python " + " ".join(
+        shlex.quote(a) for a in [f"benchmarks/{script}", *arguments])
+
+
+def write_results(results, output=None):
+    """Writes `results` to the `--output` JSON file, when one is given, then emits
+    them as the final stdout line."""
+    if output:
+        with open(output, "w") as file:
+            json.dump(results, file, indent=1, default=str)
+    emit(results)
 
 
 def emit(result):

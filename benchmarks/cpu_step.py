@@ -27,7 +27,6 @@ compared with.
 import collections
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -267,9 +266,7 @@ def main(argv=None):
                         profiles[f"{backend} {loss}"] = result["profile"]
     rows = [{"backend": backend, "loss": loss, "rounds": times,
              "ms_per_step": statistics.median(times)} for (backend, loss), times in runs.items()]
-    command = "TF_CPP_MIN_LOG_LEVEL=3 python " + " ".join(
-        shlex.quote(a) for a in ["benchmarks/cpu_step.py", *(sys.argv[1:] if argv is None
-                                                             else argv)])
+    command = common.command_line("cpu_step.py", argv)
     commit = git_commit()
     print()
     print(markdown(rows, command, commit))
@@ -280,10 +277,7 @@ def main(argv=None):
             print(f"    {ms:8.1f} ms  {op}")
     results = {"commit": commit, "machine": common.machine(), "rows": rows,
                "profiles": profiles}
-    if args.output:
-        with open(args.output, "w") as file:
-            json.dump(results, file, indent=1)
-    common.emit(results)
+    common.write_results(results, args.output)
 
 
 if __name__ == "__main__":

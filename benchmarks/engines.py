@@ -28,7 +28,6 @@ request at 64. A full run takes about 20 minutes on a 2-core CPU.
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -227,16 +226,11 @@ def main(argv=None):
             for label, base, flags in engines_of(args, folder, name, os.path.abspath(run_dir)):
                 results["rows"].append(measure(args, name, base, flags, label, test))
     results["seconds"] = time.perf_counter() - start
-    command = "TF_CPP_MIN_LOG_LEVEL=3 python " + " ".join(
-        shlex.quote(a) for a in ["benchmarks/engines.py", *(sys.argv[1:] if argv is None
-                                                            else argv)])
+    command = common.command_line("engines.py", argv)
     print()
     print(markdown(results["rows"], command, results["commit"]))
     print(f"\n(took {results['seconds'] / 60:.1f} min)")
-    if args.output:
-        with open(args.output, "w") as file:
-            json.dump(results, file, indent=1, default=str)
-    common.emit(results)
+    common.write_results(results, args.output)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ run takes about 10 minutes on a 2-core CPU, half of it the two servers' warm-ups
 import datetime
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -383,16 +382,11 @@ def main(argv=None):
 
     results["seconds"] = time.perf_counter() - start
     results["targets"] = evaluate(results)
-    command = "TF_CPP_MIN_LOG_LEVEL=3 python " + " ".join(
-        shlex.quote(a) for a in ["benchmarks/serving.py", *(sys.argv[1:] if argv is None
-                                                            else argv)])
+    command = common.command_line("serving.py", argv)
     print()
     print(markdown(results, command))
     print(f"\n(took {results['seconds'] / 60:.1f} min)")
-    if args.output:
-        with open(args.output, "w") as file:
-            json.dump(results, file, indent=1, default=str)
-    common.emit(results)
+    common.write_results(results, args.output)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,8 @@ def _settings(config, source_tokenizer, target_tokenizer, quantization, beam_siz
               alpha=0.6, max_output_length=None, max_source_length=None, n_best=None):
     """The export's settings: the search it serves, as a SavedModel's metadata
     holds it (`keras_transformer.export.saved_model`), and how CTranslate2 runs it."""
+    from keras_transformer.export.saved_model import signature_descriptions
+
     tokens = max_source_length - 1
     settings = {
         "format": SETTINGS_FORMAT,
@@ -197,19 +199,10 @@ def _settings(config, source_tokenizer, target_tokenizer, quantization, beam_siz
         },
         "warmup": {"sentence": _warmup_word(source_tokenizer),
                    "batch_sizes": list(WARMUP_BATCH_SIZES)},
-        "signatures": {
-            "serving_default": "inputs: (batch,) string -> translations: (batch,) string, "
-                               "truncated: (batch,) bool",
-            "translate_ids": "source_ids: (batch, S) int32 ids + EOS, padded with pad_id -> "
-                             "ids: (batch, L) int32, scores: (batch,) float32, "
-                             "truncated: (batch,) bool",
-        },
+        "signatures": signature_descriptions(n_best),
     }
     if n_best is not None:
         settings["n_best"] = int(n_best)
-        settings["signatures"]["translate_n_best"] = (
-            f"inputs: (batch,) string -> translations: (batch, {n_best}) string, best first, "
-            f"scores: (batch, {n_best}) float32, truncated: (batch,) bool")
     return settings
 
 

@@ -287,17 +287,25 @@ def _metadata(config, source_tokenizer, target_tokenizer, shapes, beam_size, alp
         "target_tokenizer": target_tokenizer.kind,
         "truncation": (f"a sentence over {shapes.max_source_length - 1} tokens keeps its first "
                        f"{shapes.max_source_length - 1}, then EOS; truncated is true for it"),
-        "signatures": {
-            "serving_default": "inputs: (batch,) string -> translations: (batch,) string, "
-                               "truncated: (batch,) bool",
-            "translate_ids": "source_ids: (batch, S) int32 ids + EOS, padded with pad_id -> "
-                             "ids: (batch, L) int32, scores: (batch,) float32, "
-                             "truncated: (batch,) bool",
-        },
+        "signatures": signature_descriptions(n_best),
     }
     if n_best is not None:
         metadata["n_best"] = int(n_best)
-        metadata["signatures"]["translate_n_best"] = (
+    return metadata
+
+
+def signature_descriptions(n_best=None):
+    """{signature: its inputs and outputs in words}, as the metadata of both exports
+    (this one's and `export.ctranslate2`'s) describe them."""
+    described = {
+        "serving_default": "inputs: (batch,) string -> translations: (batch,) string, "
+                           "truncated: (batch,) bool",
+        "translate_ids": "source_ids: (batch, S) int32 ids + EOS, padded with pad_id -> "
+                         "ids: (batch, L) int32, scores: (batch,) float32, "
+                         "truncated: (batch,) bool",
+    }
+    if n_best is not None:
+        described["translate_n_best"] = (
             f"inputs: (batch,) string -> translations: (batch, {n_best}) string, best first, "
             f"scores: (batch, {n_best}) float32, truncated: (batch,) bool")
-    return metadata
+    return described

@@ -710,10 +710,19 @@ class Polls:
                 f"{count} polls did not end within {ANSWER_TIMEOUT} s")
 
 
-def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path):
+def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path, monkeypatch):
     base = tmp_path / NAME
     shutil.copytree(model.version_path, base / "1")
     log = []
+    # The first version's loading waits for the checks of the loading state below:
+    # a CTranslate2 export can load and warm up before a first request arrives.
+    checked, open_version = threading.Event(), TranslationServer._open
+
+    def held_open(server, version_path):
+        checked.wait(LOAD_TIMEOUT)
+        return open_version(server, version_path)
+
+    monkeypatch.setattr(TranslationServer, "_open", held_open)
     polling = start_server(str(base), log, file_system_poll_wait_seconds=0.2)
     port = polling.port
     try:
@@ -723,6 +732,7 @@ def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path):
         response = exchange(port, _post({"instances": [GOOD_SENTENCE]}))
         assert response.status == 503 and response.headers["retry-after"] == "1"
         assert "warming up" in json.loads(response.body)["error"]
+        checked.set()
         polling.wait_until_available(LOAD_TIMEOUT)
         polls = Polls(polling.manager)
         status, answer = predict(port, {"instances": [GOOD_SENTENCE]})

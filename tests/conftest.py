@@ -31,7 +31,25 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None,
 settings.load_profile("ci" if in_ci() else "default")
 
 
+def _a_share_of_the_cores_per_worker(config):
+    """Under pytest-xdist, each worker, and every process a test starts, runs
+    cores / workers OpenMP threads (unless OMP_NUM_THREADS is set already): by
+    default torch's OpenMP runtime in every process takes all the cores, and on
+    the 2-core CI machine the two workers' waiting threads took a third of the
+    torch pass's time (tests/test_recipes.py, inference/test_compiled.py and
+    inference/test_decoding.py: 244 s with the default, 161 s with one thread per
+    worker). TensorFlow and JAX lost nothing to it and keep their own defaults.
+    Set here, before xdist starts the workers, which inherit the environment."""
+    workers = getattr(config.option, "numprocesses", None)
+    if not workers or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = os.cpu_count() or 1
+    workers = workers if isinstance(workers, int) else cores  # "auto", "logical"
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+
+
 def pytest_configure(config):
+    _a_share_of_the_cores_per_worker(config)
     config.addinivalue_line(
         "markers", "xla: trains with XLA under TensorFlow, as the library chooses (the other "
                    "tests train without it: see _tensorflow_trains_without_xla_unless_asked)")

@@ -7,11 +7,12 @@ command of the project (`keras-transformer ...`, `python -m keras_transformer.cl
 is parsed by the parser that would run it. An unknown option, a wrong choice, a bad value or
 a missing argument fails the test with the page and the line. Parsing checks no path (the
 runs and files the pages name are the reader's), only the options. Each entry point's
-`--help` also runs for real, in a process of its own.
+`--help` also runs for real, as the program's `__main__` (all of them in one process).
 """
 
 import glob
 import importlib
+import json
 import os
 import re
 import shlex
@@ -197,14 +198,46 @@ ENTRY_POINTS = sorted({entry_point for _, entry_point, _ in COMMANDS
                        if not entry_point.endswith(".sh")})
 
 
+# Runs each entry point's `--help` as its `__main__`, one after the other in one
+# process (a process each would import Keras and TensorFlow ~20 times over), and
+# prints {entry point: [exit status, standard output, standard error]} as JSON.
+HELP_OF_EACH = """
+import contextlib, io, json, os, runpy, sys
+results = {}
+for entry_point in sys.argv[1:]:
+    out, err, path = io.StringIO(), io.StringIO(), list(sys.path)
+    sys.argv = [entry_point, "--help"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if entry_point == "keras-transformer":
+                runpy.run_module("keras_transformer.cli", run_name="__main__", alter_sys=True)
+            elif entry_point.startswith("recipes."):
+                runpy.run_module(entry_point, run_name="__main__", alter_sys=True)
+            else:  # a script, run by its path as `python SCRIPT` runs it
+                sys.path.insert(0, os.path.dirname(os.path.abspath(entry_point)))
+                runpy.run_path(entry_point, run_name="__main__")
+        status = 0
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException as error:
+        status, err = 1, io.StringIO(f"{type(error).__name__}: {error}")
+    finally:
+        sys.path[:] = path
+    results[entry_point] = [status, out.getvalue(), err.getvalue()[-2000:]]
+print("\\n" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def help_of_each():
+    result = subprocess.run([sys.executable, "-c", HELP_OF_EACH, *ENTRY_POINTS],
+                            cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
-def test_help_runs_for_real(entry_point):
-    if entry_point == "keras-transformer":
-        argv = [sys.executable, "-m", "keras_transformer.cli", "--help"]
-    elif entry_point.startswith("recipes."):
-        argv = [sys.executable, "-m", entry_point, "--help"]
-    else:
-        argv = [sys.executable, entry_point, "--help"]
-    result = subprocess.run(argv, cwd=REPOSITORY, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("usage: "), result.stdout[:200]
+def test_help_runs_for_real(entry_point, help_of_each):
+    status, stdout, stderr = help_of_each[entry_point]
+    assert status == 0, stderr
+    assert stdout.startswith("usage: "), stdout[:200]

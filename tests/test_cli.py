@@ -17,6 +17,12 @@ from keras_transformer.cli import commands
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.inference import Translator
 
+# The command line's own behaviour (its reading, writing, options and messages) is
+# the same under every backend, and runs in the torch pass; the translator under it
+# is tested on every backend (tests/inference), and so is this file's
+# test_translate_prints_one_line_per_sentence, end to end.
+command_line_only = pytest.mark.once("torch")
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
@@ -70,6 +76,7 @@ def test_translate_prints_one_line_per_sentence(run_dir, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
+@command_line_only
 def test_stdin_gives_one_line_per_line_in_order_as_arguments_do(command_line):
     from_arguments, _ = command_line(["translate", "run", *LINES, *SEARCH])
     # \r\n endings, and a last line without any, read like the rest.
@@ -82,6 +89,7 @@ def test_stdin_gives_one_line_per_line_in_order_as_arguments_do(command_line):
     assert command_line(["translate", "run", *SEARCH], stdin="") == ("", "")
 
 
+@command_line_only
 def test_n_best_writes_index_score_and_translation_per_hypothesis(command_line):
     best, _ = command_line(["translate", "run", *SEARCH], stdin="\n".join(LINES) + "\n")
     n_best, _ = command_line(["translate", "run", *SEARCH, "--n-best", "2"],
@@ -95,6 +103,7 @@ def test_n_best_writes_index_score_and_translation_per_hypothesis(command_line):
     assert [text for _, _, text in rows[::2]] == best.splitlines()
 
 
+@command_line_only
 def test_sampled_translations_do_not_depend_on_the_batch_size(command_line):
     stdin = "\n".join(LINES) + "\n"
     sample = ["translate", "run", "--sample", "--top-k", "5", "--seed", "3"]
@@ -110,6 +119,7 @@ def test_sampled_translations_do_not_depend_on_the_batch_size(command_line):
     assert [text for _, _, text in rows[::3]] == whole.splitlines()
 
 
+@command_line_only
 def test_print_alignment_appends_source_target_pairs(command_line, loaded):
     stdin = "\n".join(LINES) + "\n"
     plain, _ = command_line(["translate", "run", *SEARCH], stdin=stdin)
@@ -134,6 +144,7 @@ def test_print_alignment_appends_source_target_pairs(command_line, loaded):
     assert [row[3] for row in rows[::2]] == [line.split("\t")[1] for line in aligned.splitlines()]
 
 
+@command_line_only
 def test_sampling_options_without_sample_are_refused(command_line, monkeypatch):
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
@@ -162,6 +173,7 @@ class Flushes(io.StringIO):
                                          timeout)
 
 
+@command_line_only
 def test_a_file_is_translated_in_full_batches(command_line):
     text = "\n".join(LINES) + "\n"
     stdout = Flushes()
@@ -169,6 +181,7 @@ def test_a_file_is_translated_in_full_batches(command_line):
     assert stdout.counts == [2, 4, 5]
 
 
+@command_line_only
 def test_a_pipe_is_answered_line_by_line_as_lines_arrive(command_line):
     """Three lines written one at a time, each after the answer to the one before:
     each comes back while the pipe is still open, without waiting for
@@ -200,6 +213,7 @@ def test_a_pipe_is_answered_line_by_line_as_lines_arrive(command_line):
     assert stdout.getvalue() == expected and stdout.counts == [1, 2, 3]
 
 
+@command_line_only
 def test_a_line_that_is_not_utf8_gets_an_empty_line_and_an_error(command_line):
     out, err = io.StringIO(), io.StringIO()
     stdin = io.TextIOWrapper(io.BytesIO(b"kave tomi\nka\xe9ve\n\nsipe\n"))
@@ -213,6 +227,7 @@ def test_a_line_that_is_not_utf8_gets_an_empty_line_and_an_error(command_line):
                               "output line is left empty\n")
 
 
+@command_line_only
 def test_a_sentence_argument_that_is_not_utf8_gets_the_same_message(command_line):
     # sys.argv keeps the bytes it cannot decode as surrogate escapes.
     sentence = b"ka\xe9ve".decode("utf-8", "surrogateescape")
@@ -227,6 +242,7 @@ def test_a_sentence_argument_that_is_not_utf8_gets_the_same_message(command_line
                               "its output line is left empty\n")
 
 
+@command_line_only
 def test_options_may_come_anywhere_among_the_sentences(command_line):
     last, _ = command_line(["translate", "run", "kave tomi", "sipe", "--n-best", "2",
                             "--beam-size", "2"])
@@ -245,6 +261,7 @@ def test_a_translate_mistake_shows_translates_usage(capsys):
                                             "arguments: --bogus")
 
 
+@command_line_only
 def test_over_long_lines_are_truncated_with_a_warning_naming_the_line(command_line):
     long_line = " ".join(["kave tomi tozu sipe"] * 3)
     out, err = command_line(["translate", "run", *SEARCH, "--max-source-length", "4"],
@@ -255,6 +272,7 @@ def test_over_long_lines_are_truncated_with_a_warning_naming_the_line(command_li
         "translated truncated to it"]
 
 
+@command_line_only
 def test_evaluate_writes_hypotheses_and_reports_bleu(run_dir, tmp_path, capsys):
     corpus = synthetic_translation(3, seed=9)
     (tmp_path / "test.src").write_text("\n".join(corpus.sources) + "\n")
@@ -267,6 +285,7 @@ def test_evaluate_writes_hypotheses_and_reports_bleu(run_dir, tmp_path, capsys):
     assert len(output.read_text().splitlines()) == 3
 
 
+@command_line_only
 def test_plot_commands_write_pngs(run_dir, tmp_path):
     cli.main(["plot", "positions", "--output", str(tmp_path / "pe.png"), "--length", "50",
               "--d-model", "64"])
@@ -361,6 +380,7 @@ def test_an_unknown_backend_name_is_one_line_not_a_traceback(command):
     ]
 
 
+@command_line_only
 def test_a_terminal_is_told_how_to_end(command_line):
     class Terminal(io.StringIO):
         def isatty(self):
@@ -377,6 +397,7 @@ def test_serve_help_shows_the_port_and_host_defaults(capsys):
     assert "(default: 8501)" in text and "(default: 127.0.0.1)" in text
 
 
+@command_line_only
 def test_average_warns_of_missing_checkpoints_and_keeps_an_existing_output(tmp_path, capsys):
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()

@@ -34,11 +34,17 @@ def reverse_dataset():
 def compiled_tiny_model(learning_rate):
     """A tiny Transformer whose constant learning rate is a schedule, so that
     restoring a backup (which holds the optimizer's variables) keeps it."""
-    model = tiny_model(vocab_size=16)
+    model = tiny_model(vocab_size=16, num_layers=1)
     schedule = keras.optimizers.schedules.ExponentialDecay(learning_rate, 1, 1.0)
     model.compile(optimizer=keras.optimizers.Adam(schedule),
                   loss=kt.LabelSmoothedCrossEntropy(0.1))
     return model
+
+
+# What a test below checks is the callbacks' file handling, the same under every
+# backend: it runs in the torch pass. Saving and restoring a model and its optimizer
+# mid-run, which does depend on the backend, is the first test's, on every backend.
+file_handling = pytest.mark.once("torch")
 
 
 def checkpoint_steps(directory):
@@ -73,6 +79,7 @@ def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite
     assert checkpoint_steps(checkpoints) == [2, 4, 6, 8]
 
 
+@file_handling
 def test_backup_ignores_a_write_that_a_kill_interrupted(tmp_path):
     backup = run_files.path(tmp_path, run_files.BACKUP)
     fit_steps(compiled_tiny_model(1e-3), reverse_dataset(), tmp_path, 2, checkpoint_every=2,
@@ -153,6 +160,7 @@ def files_of(directory):
     return found
 
 
+@file_handling
 def test_a_process_other_than_the_chief_restores_the_chiefs_backup_and_writes_elsewhere(
         tmp_path):
     run_dir, own = tmp_path / "run", tmp_path / "own"

@@ -32,14 +32,21 @@ def windows(run_dir):
         return [row["epoch"] for row in csv.DictReader(f)]
 
 
-def test_a_run_trains_then_does_only_what_results_json_lacks(tmp_path, splits, capsys):
-    run_dir = str(tmp_path / "run")
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, splits):
+    """A run of 4 steps through every phase, under the pass's backend: its
+    directory and results."""
+    run_dir = str(tmp_path_factory.mktemp("finished") / "run")
     options = RunOptions(run_dir, steps=4, name="mine", separate_vocabularies=True, **FAST)
-    results = run(splits, CONFIG, options)
+    return run_dir, run(splits, CONFIG, options)
+
+
+def test_a_run_trains_saves_averages_and_evaluates(finished_run):
+    run_dir, results = finished_run
     assert results["phases"] == ["training", "saved", "averaged", "evaluated",
                                  "evaluated_averaged"]
     assert (results["recipe"], results["steps"]) == ("mine", 4)
-    assert "Trained 4 steps" in capsys.readouterr().out
+    assert windows(run_dir) == ["0", "1"]
     assert run_files.read_json(run_files.path(run_dir, run_files.RESULTS)) == results
     # The config's vocabulary sizes follow the two learned vocabularies.
     source, target = run_files.load_tokenizers(run_dir)
@@ -47,6 +54,17 @@ def test_a_run_trains_then_does_only_what_results_json_lacks(tmp_path, splits, c
     assert (config.vocab_size, config.target_vocab_size) == (source.vocab_size,
                                                              target.vocab_size)
     assert not config.share_embeddings and config.d_model == CONFIG.d_model
+
+
+# Which phases a run does again is decided from results.json, the same under every
+# backend (the restore of a backup that training on needs is test_fit.py's, on
+# every backend).
+@pytest.mark.once("torch")
+def test_a_run_does_only_what_results_json_lacks(tmp_path, splits, capsys):
+    run_dir = str(tmp_path / "run")
+    options = RunOptions(run_dir, steps=4, name="mine", separate_vocabularies=True, **FAST)
+    results = run(splits, CONFIG, options)
+    assert "Trained 4 steps" in capsys.readouterr().out
 
     # A run stopped before its last phase: the same call scores the averaged model only.
     stopped = dict(results, phases=results["phases"][:-1])

@@ -102,7 +102,7 @@ def test_bleu_scores_of_known_cases(hypothesis, reference, cased_bleu, lowercase
 
 def test_evaluates_a_real_translator_with_a_progress_bar(tmp_path, capsys):
     tokenizer = CharTokenizer()
-    model = tiny_model(tokenizer.vocab_size)
+    model = tiny_model(tokenizer.vocab_size, num_layers=1)
     translator = Translator(model, tokenizer)
     sources = ["abc", "bad cab", "", "hag"]
     references = ["cba", "bac dab", "", "gah"]
@@ -176,7 +176,7 @@ def test_group_references_merges_repeated_sources_in_order():
 def test_over_long_sources_are_truncated_and_counted_not_fatal():
     # A test set with one sentence over the limit still gets a score.
     tokenizer = CharTokenizer()
-    translator = Translator(tiny_model(tokenizer.vocab_size, seed=0), tokenizer,
+    translator = Translator(tiny_model(tokenizer.vocab_size, seed=0, num_layers=1), tokenizer,
                             max_source_length=4)
     with pytest.warns(UserWarning, match="1 of 2 sentence"):
         result = evaluate(translator, ["ab", "abcdefg"], ["ba", "gfedcba"], verbose=0,

@@ -1,8 +1,6 @@
 """Property tests (hypothesis) of the §3.2 masks and the §3.5 encodings, for
 shapes and values the example-based tests do not pick."""
 
-import math
-
 import numpy as np
 from helpers import to_numpy
 from hypothesis import HealthCheck, given, settings
@@ -47,7 +45,10 @@ def test_attention_gives_padding_keys_zero_weight(key_lengths, query_length, num
 
 
 @SETTINGS
-@given(length=st.integers(2, 9), cut=st.integers(1, 8), seed=st.integers(0, 2**16))
+# Three lengths (the shortest, a middle one, the longest), so that JAX, which
+# compiles each op of an eager call anew for each shape, compiles three times;
+# the cut and the values vary freely.
+@given(length=st.sampled_from([2, 5, 9]), cut=st.integers(1, 8), seed=st.integers(0, 2**16))
 def test_causal_decoder_outputs_do_not_depend_on_later_positions(length, cut, seed):
     cut = min(cut, length - 1)
     model = cached("decoder", lambda: kt.Transformer(
@@ -63,14 +64,16 @@ def test_causal_decoder_outputs_do_not_depend_on_later_positions(length, cut, se
     np.testing.assert_allclose(before[:, :cut], after[:, :cut], rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=30, deadline=None)
-@given(position=st.integers(0, 5000), half_d_model=st.integers(1, 256), data=st.data())
-def test_position_encoding_matches_the_formula(position, half_d_model, data):
+@settings(max_examples=10, deadline=None)
+@given(start=st.integers(0, 5000), half_d_model=st.integers(1, 256))
+def test_position_encoding_matches_the_formula(start, half_d_model):
+    """Every entry of eight positions of PE, from `start`, against the formula
+    computed in float64."""
     d_model = 2 * half_d_model
-    i = data.draw(st.integers(0, half_d_model - 1))
-    encoding = to_numpy(sinusoidal_position_encoding(1, d_model, start_index=position))[0]
-    angle = position / 10000 ** (2 * i / d_model)
+    encoding = to_numpy(sinusoidal_position_encoding(8, d_model, start_index=start))
+    positions = np.arange(start, start + 8, dtype="float64")[:, None]
+    angles = positions / 10000 ** (2 * np.arange(half_d_model) / d_model)
     # float32 arguments: an angle of up to 5000 radians carries ~3e-4 rounding.
-    tolerance = 1e-6 + 4e-7 * position
-    assert math.isclose(encoding[2 * i], math.sin(angle), abs_tol=tolerance)
-    assert math.isclose(encoding[2 * i + 1], math.cos(angle), abs_tol=tolerance)
+    tolerance = 1e-6 + 4e-7 * positions
+    assert np.all(np.abs(encoding[:, 0::2] - np.sin(angles)) <= tolerance)
+    assert np.all(np.abs(encoding[:, 1::2] - np.cos(angles)) <= tolerance)

@@ -71,7 +71,8 @@ def test_bad_toy_task_lengths_are_explained():
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_fit_gives_finite_decreasing_loss(policy):
     keras.config.set_dtype_policy(policy)
-    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=16, dropout_rate=0.1))
+    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=16, num_layers=1,
+                                                         dropout_rate=0.1))
     compile_model(model, learning_rate=3e-3)
     if policy == "mixed_float16":
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
@@ -103,7 +104,7 @@ def test_small_model_learns_to_reverse_sequences():
 def trained_on_16_ids():
     """One tiny model for the three out-of-range cases: each compiles no new
     step (under TensorFlow an XLA compilation is most of a case's time)."""
-    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=16))
+    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=16, num_layers=1))
     compile_model(model, learning_rate=1e-3)
     inputs, labels = reverse_task(64, seed=5)
     model.fit(inputs, labels, batch_size=16, epochs=1, verbose=0)

@@ -125,7 +125,8 @@ def test_pipeline_feeds_model_fit(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     dataset, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, max_sentence_length=16,
                               tokens_per_batch=512, repeat=True, verbose=False)
-    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size))
+    model = kt.Transformer(kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size,
+                                                      num_layers=1))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=kt.LabelSmoothedCrossEntropy())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -84,6 +84,12 @@ def naive_greedy(model, source, bos_id, eos_id, max_output_length):
     return outputs, scores
 
 
+# The tests of the search's loop (its phases, caps and compilations)
+# decode with one layer per stack: what they check does not depend on the depth,
+# and a layer fewer halves what JAX and TensorFlow compile. The tests of the
+# results (cached against full recomputation, paired beam steps, exhaustive beams,
+# n-best lists, alignments) keep two, so that every layer's cache is read and
+# reordered.
 @pytest.fixture(scope="module")
 def model():
     """An untrained post-norm model shared by the tests that only read it."""
@@ -138,7 +144,7 @@ def test_a_beam_of_one_runs_the_greedy_loop_without_a_length_penalty_only(monkey
             return _loop(*args, **kwargs)
 
         monkeypatch.setattr(beam, name, spy)
-    model = tiny_model(seed=3)
+    model = tiny_model(seed=3, num_layers=1)
     set_output_bias(model, EOS, 5.0)  # EOS is the most probable first token
     source = source_batch()
     ids, scores = beam_search(model, source, BOS, EOS, beam_size=1, alpha=0.0,
@@ -277,7 +283,7 @@ def test_a_loop_in_three_cache_phases_decodes_as_one_phase(monkeypatch):
     assert step.cache_phases(130) == [32, 64, 130]
     monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 8)
     assert step.cache_phases(40) == [8, 16, 40]
-    model = tiny_model(seed=4)
+    model = tiny_model(seed=4, num_layers=1)
     set_output_bias(model, EOS, -1e9)  # no hypothesis ends: every phase runs
     source = source_batch()
     options = dict(max_output_length=40)
@@ -341,7 +347,7 @@ def test_batched_search_equals_one_sentence_at_a_time(model):
 
 @pytest.mark.parametrize("search", [greedy_search, beam_search])
 def test_output_ends_at_eos_or_at_source_length_plus_50(search):
-    model = tiny_model()
+    model = tiny_model(num_layers=1)
     source = source_batch()
     set_output_bias(model, EOS, -1e4)  # EOS never wins: every sentence runs to its limit
     ids, _ = search(model, source, bos_id=BOS, eos_id=EOS)
@@ -363,7 +369,7 @@ def test_learned_positions_cap_the_output_length(monkeypatch, max_length):
 
     monkeypatch.setattr(step, "FIRST_CACHE_PHASE", 4)
     monkeypatch.setattr(beam, "PAIRED_BEAM_STEPS_FROM", 8)
-    model = tiny_model(position_encoding="learned", max_length=max_length)
+    model = tiny_model(position_encoding="learned", max_length=max_length, num_layers=1)
     set_output_bias(model, EOS, -1e4)
     ids, _ = beam_search(model, source_batch(), bos_id=BOS, eos_id=EOS)
     assert ids.shape == (3, max_length) and np.all(ids != 0)
@@ -373,7 +379,7 @@ def test_compiled_once_per_shape_and_sees_new_weights(monkeypatch):
     # JAX and TensorFlow compile the search per shape; PyTorch traces its loop
     # body per shape (keras_transformer.inference.compiled.while_loop).
     traces = []
-    model = tiny_model()
+    model = tiny_model(num_layers=1)
     original = model.decode
 
     def counting_decode(*args, **kwargs):

@@ -6,9 +6,9 @@ Makes a corpus in the recipe's `--data-dir` layout (train, newstest2013, newstes
 Multi30k training pairs joined, drawn with a seed, which gives about WMT14's sentence
 length and 1.2 GB of text; the test sets join Multi30k's validation and test pairs the
 same way (200 pairs each). Then it runs the same recipe command twice, with a small
-model and batches of 4096 tokens a side (`--steps 1`, then `--steps 2`: the second run
-resumes, reading the vocabulary and the token cache the first wrote), and reports for
-each run:
+model and batches of 4096 tokens a side (`--tokens-per-batch`): `--steps 1`, then
+`--steps 2`, which resumes, reading the vocabulary and the token cache the first wrote.
+It reports for each run:
 
     peak RSS     the recipe process's high-water mark (VmHWM): when the data is ready
                  (before training), and at the end
@@ -53,8 +53,8 @@ PHASES = (("read", r"^Pairs: "), ("sampled", r"^Tokenizer: learning "),
           ("tokenized", r"^Data: (cached the ids|reading the .* tokenized pairs)"),
           ("planned", r"^Data: \d+/\d+ pairs kept"),
           ("first steps", r"^Trained (to step )?\d+"))
-# Batches of 4096 tokens a side, not the paper's 25,000: a step's memory grows with
-# its batch times the vocabulary (the logits), whatever the corpus.
+# Batches of 4096 tokens a side by default, not the paper's 25,000: a step's memory
+# grows with its batch times the vocabulary (the logits), whatever the corpus.
 TOKENS_PER_BATCH = 4096
 # Test sets kept small: the validation loss is computed at every checkpoint.
 TEST_PAIRS = 200
@@ -70,6 +70,9 @@ def build_parser():
     parser.add_argument("--data-dir", default=DATA_DIR,
                         help="Multi30k's files (train, val, test_2016_flickr .en/.de[.gz])")
     parser.add_argument("--backend", default="tensorflow", help="the recipe's KERAS_BACKEND")
+    parser.add_argument("--tokens-per-batch", type=int, default=TOKENS_PER_BATCH,
+                        help="the recipe's batch size in tokens a side (default: %(default)s); "
+                             "the training step's memory grows with it")
     parser.add_argument("--keep-corpus", action="store_true",
                         help="reuse a corpus already made in --work-dir")
     parser.add_argument("--quick", action="store_true",
@@ -170,7 +173,7 @@ def recipe_command(args, folder, run_dir, steps):
     vocabulary = ["--vocab-size", "8000"] if args.quick else []
     return [sys.executable, "-m", "recipes.wmt14", "--data-dir", folder, "--run-dir", run_dir,
             "--steps", str(steps), "--checkpoint-every", "1", "--eval-limit", "10",
-            "--tokens-per-batch", str(TOKENS_PER_BATCH), "--no-export", "--verbose", "2",
+            "--tokens-per-batch", str(args.tokens_per_batch), "--no-export", "--verbose", "2",
             *vocabulary, *MODEL]
 
 
@@ -199,7 +202,7 @@ def main(argv=None):
         make_corpus(args, folder)
     env = dict(os.environ, KERAS_BACKEND=args.backend, TF_CPP_MIN_LOG_LEVEL="3")
     results = {"commit": git_commit(), "machine": common.machine(), "pairs": args.pairs,
-               "backend": args.backend, "runs": []}
+               "backend": args.backend, "tokens_per_batch": args.tokens_per_batch, "runs": []}
     for steps in (1, 2):
         common.progress(f"run {steps}: the recipe, --steps {steps}")
         watched = Watched(recipe_command(args, folder, run_dir, steps), env)
@@ -226,7 +229,8 @@ def markdown(results, command):
     """The table of the two runs."""
     labels = [label for label, _ in PHASES]
     lines = [f"commit `{results['commit']}`, `{command}` ({results['pairs']:,} pairs, "
-             f"{results['backend']}; token cache {results['cache_mb']:,.0f} MiB)", "",
+             f"{results['backend']}, {results['tokens_per_batch']:,} tokens per batch side; "
+             f"token cache {results['cache_mb']:,.0f} MiB)", "",
              "| run | peak RSS, data ready / after the steps | " + " | ".join(labels)
              + " | padding (source / target) |",
              "| --- | --- | " + " | ".join("---" for _ in labels) + " | --- |"]

@@ -28,7 +28,6 @@ corpus takes about 1.2 GB of disk in `--work-dir` (kept for reruns with
     python benchmarks/wmt14_scale.py --quick   # 50,000 pairs: a smoke run, figures meaningless
 """
 
-import json
 import os
 import re
 import shlex
@@ -219,10 +218,7 @@ def main(argv=None):
     print(markdown(results, "python " + " ".join(
         shlex.quote(a) for a in ["benchmarks/wmt14_scale.py",
                                  *(sys.argv[1:] if argv is None else argv)])))
-    if args.output:
-        with open(args.output, "w") as file:
-            json.dump(results, file, indent=1)
-    common.emit(results)
+    common.write_results(results, args.output)
 
 
 def markdown(results, command):

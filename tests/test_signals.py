@@ -72,7 +72,11 @@ class Command:
             status = self.process.wait(EXIT_TIMEOUT)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            raise AssertionError(f"still running {EXIT_TIMEOUT} s after {signal_name}") from None
+            self.process.wait()
+            for reader in self._readers:
+                reader.join(10)
+            raise AssertionError(f"still running {EXIT_TIMEOUT} s after {signal_name}:\n"
+                                 f"{self.text('stderr')[-3000:]}") from None
         for reader in self._readers:
             reader.join(10)
         after = self.output["stderr"][before:].decode("utf-8", errors="replace")
@@ -98,6 +102,40 @@ def keras_transformer(*argv):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     return untrained_run_dir(tmp_path_factory.mktemp("run"), sentences=200, vocab_size=200)
+
+
+# A signal whose handler runs inside a garbage collector's callback (as JAX's
+# `_xla_gc_callback` can be running when a SIGTERM comes in): the exception the handler
+# raises there is dropped by Python, and the command must end all the same.
+SIGNALLED_IN_A_COLLECTION = """
+import gc, signal, sys, time
+from keras_transformer.cli import errors
+
+def signalled_in_a_collection(phase, info):
+    gc.callbacks.remove(signalled_in_a_collection)
+    signal.raise_signal(getattr(signal, sys.argv[1]))
+
+with errors.command_line(native_logs=True):
+    gc.callbacks.append(signalled_in_a_collection)
+    gc.collect()
+    time.sleep(EXIT_TIMEOUT)
+    print("went on after the signal")
+""".replace("EXIT_TIMEOUT", str(EXIT_TIMEOUT))
+
+
+@pytest.mark.parametrize("signal_name", SIGNALS)
+def test_a_signal_handled_inside_a_garbage_collection_still_ends_the_command(signal_name):
+    command = Command([sys.executable, "-c", SIGNALLED_IN_A_COLLECTION, signal_name])
+    try:
+        status = command.process.wait(EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        command.process.kill()
+        raise AssertionError(f"still running {EXIT_TIMEOUT} s after {signal_name}") from None
+    for reader in command._readers:
+        reader.join(10)
+    check_ended(command, signal_name, status, command.text("stderr").split())
+    assert "Exception ignored" not in command.text("stderr")
+    assert command.text("stdout") == ""
 
 
 @pytest.mark.parametrize("signal_name", SIGNALS)

@@ -14,12 +14,14 @@ line: the native logs quieted, SIGTERM turned into a clean exit, these errors, a
 Keras's progress bars kept off stdout (`keras_transformer.logs.progress_bars_on_stderr`).
 """
 
+import _thread
 import contextlib
 import os
 import re
 import signal
 import sys
 import threading
+import time
 
 # What a user's mistake raises: a file that is missing or in the way, a bad value, a
 # wrong kind of file, a disk or network problem.
@@ -33,6 +35,39 @@ class Terminated(BaseException):
 
 def _terminate(signum, frame):
     raise Terminated()
+
+
+# The signal each interruption stands for, for `_signal_again`.
+_SIGNAL_OF = {Terminated: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}
+
+
+def _signal_again(previous_hook):
+    """A `sys.unraisablehook` for a command line. Python runs a signal's handler in
+    whatever the main thread is running, a garbage collector's callback or a
+    finaliser too (JAX has one), and there the exception it raises is not
+    propagated but printed ("Exception ignored in ...") and dropped: the command
+    went on as if never signalled (a SIGTERM'd training ran on). This hook gives
+    the main thread the same signal again instead, without a line, so that its
+    handler raises once more where the exception unwinds the command. It is given
+    from another thread a moment later, once the main thread has left the hook: a
+    handler run in the hook would be dropped the same way (and if the main thread
+    is in such a callback again, this happens again)."""
+
+    def hook(unraisable):
+        number = _SIGNAL_OF.get(unraisable.exc_type)
+        if number is None:
+            previous_hook(unraisable)
+        else:  # a thread that the hook does not wait for (`Thread.start` would)
+            _thread.start_new_thread(_interrupt_main_later, (number,))
+
+    return hook
+
+
+def _interrupt_main_later(number, delay=0.05):
+    """The signal `number`, sent to the main thread after `delay` seconds (a real
+    one: it also ends a wait of the main thread's, as a sleep, a read or a join)."""
+    time.sleep(delay)
+    signal.pthread_kill(threading.main_thread().ident, number)
 
 
 def fail(message, status=2):
@@ -155,8 +190,10 @@ def command_line(native_logs=None, flags=None):
     # Ctrl-C raises KeyboardInterrupt again (the start-up's quiet exit, if the package
     # set one, ends here), so that the work can stop cleanly.
     previous = ((signal.signal(signal.SIGTERM, _terminate),
-                 signal.signal(signal.SIGINT, signal.default_int_handler))
+                 signal.signal(signal.SIGINT, signal.default_int_handler), sys.unraisablehook)
                 if main_thread else None)
+    if main_thread:
+        sys.unraisablehook = _signal_again(previous[2])
     try:
         with user_errors(flags):
             check_backend()  # before anything imports Keras (the progress bars do)
@@ -166,6 +203,7 @@ def command_line(native_logs=None, flags=None):
         if main_thread:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])
+            sys.unraisablehook = previous[2]
 
 
 def guarded(main, *args, **kwargs):

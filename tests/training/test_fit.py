@@ -4,6 +4,8 @@ recipe smoke test)."""
 
 import json
 import os
+import signal
+import time
 
 import keras
 import numpy as np
@@ -14,6 +16,7 @@ from keras_transformer import run_files
 from keras_transformer.data.toy_tasks import reverse_task
 from keras_transformer.training.fit import (
     NonFiniteLossError,
+    SignalsBetweenSteps,
     TimeBudget,
     WindowClock,
     fit_steps,
@@ -119,6 +122,89 @@ def test_time_budget_does_not_stop_a_run_that_fits_in_it():
     model.fit(x, y, batch_size=8, epochs=2, callbacks=[budget], verbose=0)
     assert not budget.exhausted
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 16
+
+
+class Interrupted(BaseException):
+    pass
+
+
+def interrupt(number, frame):
+    raise Interrupted(number)
+
+
+class SignalDuringStep(keras.callbacks.Callback):
+    """Sends `number` to this process as step `at` begins (its handler would run
+    inside the step) and, if `busy`, keeps the step busy that many seconds."""
+
+    def __init__(self, number, at, busy=0.0):
+        super().__init__()
+        self.number, self.at, self.busy = number, at, busy
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == self.at:
+            signal.raise_signal(self.number)
+            time.sleep(self.busy)
+
+
+def steps_taken(model):
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_step_runs_its_handler_after_the_step_and_the_handlers_come_back(
+        number):
+    model, x, y = tiny_regression()
+    previous = signal.signal(number, interrupt)
+    try:
+        signals = SignalsBetweenSteps()
+        with pytest.raises(Interrupted), signals.installed():
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                      callbacks=[signals, SignalDuringStep(number, at=2)])
+        assert steps_taken(model) == 3  # the step under way finished, no other began
+        assert signal.getsignal(number) is interrupt
+    finally:
+        signal.signal(number, previous)
+
+
+def test_a_step_that_outlasts_the_longest_wait_gets_the_handler_where_it_is():
+    model, x, y = tiny_regression()
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        signals = SignalsBetweenSteps(longest_wait=0.2)
+        with pytest.raises(Interrupted), signals.installed():
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                      callbacks=[signals, SignalDuringStep(signal.SIGTERM, at=2, busy=30)])
+        assert steps_taken(model) == 2  # raised in the busy step, not after it
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class SignalAtTheEnd(keras.callbacks.Callback):
+    def on_train_end(self, logs=None):
+        signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_signal_after_the_last_step_is_not_lost():
+    model, x, y = tiny_regression()
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        signals = SignalsBetweenSteps()
+        with pytest.raises(Interrupted), signals.installed():
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                      callbacks=[signals, SignalAtTheEnd()])
+        assert steps_taken(model) == 8
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_signals_at_their_default_are_left_alone():
+    signals = SignalsBetweenSteps()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with signals.installed():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_stall_seconds_counts_slow_steps_beyond_the_median():

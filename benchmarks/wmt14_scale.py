@@ -12,6 +12,8 @@ It reports for each run:
 
     peak RSS     the recipe process's high-water mark (VmHWM): when the data is ready
                  (before training), and at the end
+    RSS          its resident memory (VmRSS) as each phase's line comes: what each
+                 phase still holds, where the peak says what it once took
     phases       seconds from the command to each line the recipe prints: the corpus
                  read and counted ("Pairs:"), the vocabulary's sample drawn and
                  learned, the ids tokenized and cached (or read from the cache), the
@@ -123,15 +125,17 @@ class Watched:
     read from /proc twice a second."""
 
     def __init__(self, command, env):
-        self.lines, self.peak_kb, self.data_peak_kb = [], 0, None
+        self.lines, self.peak_kb, self.data_peak_kb, self.rss_kb = [], 0, None, {}
         self.start = time.perf_counter()
         self.process = subprocess.Popen(command, cwd=common.REPOSITORY, env=env, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         threading.Thread(target=self._watch_memory, daemon=True).start()
         for line in self.process.stdout:
             self.lines.append((time.perf_counter() - self.start, line.rstrip("\n")))
+            for label, pattern in PHASES:
+                if label not in self.rss_kb and re.search(pattern, line):
+                    self.rss_kb[label] = self._read_memory()
             if re.search(PHASES[-2][1], line):  # the data ready, training not begun
-                self._read_memory()
                 self.data_peak_kb = self.peak_kb
             common.progress(f"  {self.lines[-1][0]:7.1f} s  {line.rstrip()[:150]}")
         self.returncode = self.process.wait()
@@ -142,13 +146,19 @@ class Watched:
             time.sleep(0.5)
 
     def _read_memory(self):
+        """Updates the peak; returns the resident memory now in kB (None once the
+        process is gone)."""
+        resident = None
         try:
             with open(f"/proc/{self.process.pid}/status") as status:
                 for line in status:
                     if line.startswith("VmHWM:"):
                         self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+                    elif line.startswith("VmRSS:"):
+                        resident = int(line.split()[1])
         except OSError:
             pass
+        return resident
 
     def phases(self):
         """{phase: seconds from the command} for the phases whose line came."""
@@ -209,7 +219,9 @@ def main(argv=None):
             raise SystemExit(f"error: the recipe exited with status {watched.returncode}")
         results["runs"].append({"steps": steps, "peak_rss_gb": watched.peak_kb / 2**20,
                                 "data_peak_rss_gb": (watched.data_peak_kb or 0) / 2**20,
-                                "phases_s": watched.phases(), "padding": watched.padding()})
+                                "phases_s": watched.phases(), "padding": watched.padding(),
+                                "rss_gb": {label: kb / 2**20 for label, kb in
+                                           watched.rss_kb.items() if kb is not None}})
     results["multi30k_padding"] = multi30k_padding(args)
     cache = os.path.join(run_dir, "token_cache")
     results["cache_mb"] = sum(os.path.getsize(os.path.join(cache, name))
@@ -239,6 +251,11 @@ def markdown(results, command):
             + " | ".join(f"{phases[label]:,.0f} s" if label in phases else "—"
                          for label in labels)
             + (f" | {padding[0]}% / {padding[1]}% |" if padding else " | — |"))
+    for run in results["runs"]:
+        name = "first" if run["steps"] == 1 else "second"
+        lines.append(f"\nResident memory (VmRSS) of the {name} run as each line came: "
+                     + ", ".join(f"{label} {gb:.2f} GB" for label, gb in run["rss_gb"].items())
+                     + ".")
     source, target = results["multi30k_padding"]
     lines.append(f"\nMulti30k recipe's padding on its training split: {source}% / {target}%. "
                  "Each phase is the time from the command to the line that ends it.")

@@ -2,6 +2,7 @@
 
 - `vocabulary.py`: §5.1 a run's subword vocabulary, learned once and then reused;
 - `fit.py`: §5.2-§5.4 the training regime (`model.fit` in checkpointed windows);
+  `interruptions.py`: a Ctrl-C or SIGTERM during it, handled between steps;
 - `distribution.py`: §5.2 several devices and several processes;
 - `schedule.py`: §5.3 the optimizer and the eq. (3) learning rate;
 - `losses.py`: §5.4 label smoothing and the masked metrics;

@@ -15,9 +15,10 @@ base model). `fit_steps` runs `model.fit` over a repeating dataset in windows of
   `keras.callbacks.CSVLogger` and `keras.callbacks.TensorBoard` log it with the
   losses, so `training_log.csv` says how long each window took.
 
-`SignalsBetweenSteps` holds a Ctrl-C or SIGTERM that comes during a step
-until the step ends (10 seconds at most), so that its exception unwinds from
-Python code rather than from inside the engine's copy of the step's logs.
+`SignalsBetweenSteps` (interruptions.py) holds a Ctrl-C or SIGTERM that comes
+during a step until the step ends (10 seconds at most), so that its exception
+unwinds from Python code rather than from inside the engine's copy of the
+step's logs.
 
 `NonFiniteGuard` watches every step's loss. The first NaN or infinite loss
 stops training, and neither the checkpoint nor the backup of that window is
@@ -32,20 +33,18 @@ the same callbacks, and those of the processes other than the chief write into a
 while all restore the chief's backup.
 """
 
-import contextlib
 import glob
 import json
 import math
 import os
 import re
-import signal
-import threading
 import time
 
 import keras
 import numpy as np
 
 from keras_transformer import run_files, validation
+from keras_transformer.training.interruptions import SignalsBetweenSteps
 
 CHECKPOINT_PATTERN = re.compile(r"step-(\d+)\.keras$")
 
@@ -323,78 +322,6 @@ class TimeBudget(keras.callbacks.Callback):
         if time.monotonic() - self._start >= self.seconds:
             self.exhausted = True
             self.model.stop_training = True
-
-
-class SignalsBetweenSteps(keras.callbacks.Callback):
-    """Runs the program's own SIGINT and SIGTERM handlers between steps.
-
-    A handler that raises (Ctrl-C's `KeyboardInterrupt`, a command line's
-    `Terminated`) runs wherever the main thread is when the signal comes, and
-    under JAX that can be inside a `jax.Array`'s copy to the host (`np.array(x)`,
-    which Keras makes of every step's logs): the exception left that wait blocked
-    for good, and the interrupted training ran on, never ending. While `model.fit`
-    runs (`installed`), a signal is only noted, and its handler is called at the
-    next step's end (validation steps too): the exception unwinds from Python code,
-    before the window's checkpoint and backup are written. A step that has not
-    ended `longest_wait` seconds after the signal (the compilation of a new shape)
-    gets the handler where it is, as before. Signals left at their default (or
-    ignored) are not touched, and the handlers are restored when `fit` ends.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, longest_wait=10.0):
-        super().__init__()
-        self.longest_wait = longest_wait
-        self._handlers = {}
-        self._pending = None
-        self._now = False
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def installed(self):
-        """Defers the handlers while the block (`model.fit`) runs, in the main
-        thread (where Python runs signal handlers); elsewhere it changes nothing."""
-        if threading.current_thread() is threading.main_thread():
-            for number in self.SIGNALS:
-                handler = signal.getsignal(number)
-                if callable(handler):
-                    self._handlers[number] = handler
-                    signal.signal(number, self._note)
-        try:
-            yield self
-        finally:
-            for number, handler in self._handlers.items():
-                signal.signal(number, handler)
-            with self._lock:  # no late `_signal_now` once the handlers are back
-                handlers, self._handlers = self._handlers, {}
-                number, self._pending = self._pending, None
-            if number is not None:  # came after the last step's end
-                handlers[number](number, None)
-
-    def _note(self, number, frame):
-        if self._now:  # the step outlasted `longest_wait`: the handler runs here
-            self._handlers[number](number, frame)
-        elif self._pending is None:
-            self._pending = number
-            threading.Thread(target=self._signal_now, args=(number,), daemon=True,
-                             name="signal-between-steps").start()
-
-    def _signal_now(self, number):
-        time.sleep(self.longest_wait)
-        with self._lock:
-            if self._pending is not None:
-                self._now = True
-                signal.pthread_kill(threading.main_thread().ident, number)
-
-    def _handle(self, *args, **kwargs):
-        with self._lock:
-            number, self._pending = self._pending, None
-        if number is not None:
-            self._now = True  # a second signal, while this one unwinds, is not held
-            self._handlers[number](number, None)
-
-    on_train_batch_end = on_test_batch_end = on_epoch_end = _handle
 
 
 def fit_steps(

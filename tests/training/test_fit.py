@@ -16,7 +16,6 @@ from keras_transformer import run_files
 from keras_transformer.data.toy_tasks import reverse_task
 from keras_transformer.training.fit import (
     NonFiniteLossError,
-    SignalsBetweenSteps,
     TimeBudget,
     WindowClock,
     fit_steps,
@@ -24,6 +23,7 @@ from keras_transformer.training.fit import (
     stall_seconds,
     weights_are_finite,
 )
+from keras_transformer.training.interruptions import SignalsBetweenSteps
 from tests.helpers import tiny_model
 
 

@@ -68,6 +68,12 @@ class Command:
         after it."""
         before = len(self.output["stderr"])
         self.process.send_signal(SIGNALS[signal_name][0])
+        return self.ended_after(signal_name, before)
+
+    def ended_after(self, signal_name, before=0):
+        """The exit status once the process has ended on `signal_name`, and the
+        stderr lines written from byte `before` on; fails if it still runs
+        EXIT_TIMEOUT seconds later."""
         try:
             status = self.process.wait(EXIT_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -126,14 +132,8 @@ with errors.command_line(native_logs=True):
 @pytest.mark.parametrize("signal_name", SIGNALS)
 def test_a_signal_handled_inside_a_garbage_collection_still_ends_the_command(signal_name):
     command = Command([sys.executable, "-c", SIGNALLED_IN_A_COLLECTION, signal_name])
-    try:
-        status = command.process.wait(EXIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        command.process.kill()
-        raise AssertionError(f"still running {EXIT_TIMEOUT} s after {signal_name}") from None
-    for reader in command._readers:
-        reader.join(10)
-    check_ended(command, signal_name, status, command.text("stderr").split())
+    status, lines = command.ended_after(signal_name)  # the command signals itself
+    check_ended(command, signal_name, status, lines)
     assert "Exception ignored" not in command.text("stderr")
     assert command.text("stdout") == ""
 

@@ -150,33 +150,36 @@ def steps_taken(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
+@pytest.fixture
+def interrupting():
+    """SIGINT and SIGTERM raise `Interrupted` during the test (the program's own
+    handlers, as a command line's), and get their handlers back after it."""
+    previous = {number: signal.signal(number, interrupt)
+                for number in SignalsBetweenSteps.SIGNALS}
+    yield
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_a_step_runs_its_handler_after_the_step_and_the_handlers_come_back(
-        number):
+        number, interrupting):
     model, x, y = tiny_regression()
-    previous = signal.signal(number, interrupt)
-    try:
-        signals = SignalsBetweenSteps()
-        with pytest.raises(Interrupted), signals.installed():
-            model.fit(x, y, batch_size=8, epochs=1, verbose=0,
-                      callbacks=[signals, SignalDuringStep(number, at=2)])
-        assert steps_taken(model) == 3  # the step under way finished, no other began
-        assert signal.getsignal(number) is interrupt
-    finally:
-        signal.signal(number, previous)
+    signals = SignalsBetweenSteps()
+    with pytest.raises(Interrupted), signals.installed():
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[signals, SignalDuringStep(number, at=2)])
+    assert steps_taken(model) == 3  # the step under way finished, no other began
+    assert signal.getsignal(number) is interrupt
 
 
-def test_a_step_that_outlasts_the_longest_wait_gets_the_handler_where_it_is():
+def test_a_step_that_outlasts_the_longest_wait_gets_the_handler_where_it_is(interrupting):
     model, x, y = tiny_regression()
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        signals = SignalsBetweenSteps(longest_wait=0.2)
-        with pytest.raises(Interrupted), signals.installed():
-            model.fit(x, y, batch_size=8, epochs=1, verbose=0,
-                      callbacks=[signals, SignalDuringStep(signal.SIGTERM, at=2, busy=30)])
-        assert steps_taken(model) == 2  # raised in the busy step, not after it
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    signals = SignalsBetweenSteps(longest_wait=0.2)
+    with pytest.raises(Interrupted), signals.installed():
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[signals, SignalDuringStep(signal.SIGTERM, at=2, busy=30)])
+    assert steps_taken(model) == 2  # raised in the busy step, not after it
 
 
 class SignalAtTheEnd(keras.callbacks.Callback):
@@ -184,17 +187,13 @@ class SignalAtTheEnd(keras.callbacks.Callback):
         signal.raise_signal(signal.SIGTERM)
 
 
-def test_a_signal_after_the_last_step_is_not_lost():
+def test_a_signal_after_the_last_step_is_not_lost(interrupting):
     model, x, y = tiny_regression()
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        signals = SignalsBetweenSteps()
-        with pytest.raises(Interrupted), signals.installed():
-            model.fit(x, y, batch_size=8, epochs=1, verbose=0,
-                      callbacks=[signals, SignalAtTheEnd()])
-        assert steps_taken(model) == 8
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    signals = SignalsBetweenSteps()
+    with pytest.raises(Interrupted), signals.installed():
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[signals, SignalAtTheEnd()])
+    assert steps_taken(model) == 8
 
 
 def test_signals_at_their_default_are_left_alone():

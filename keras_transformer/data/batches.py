@@ -3,9 +3,10 @@ ordered by a stateless shuffle, bucketed by length and padded.
 
 What `keras_transformer.data.pipeline.dataset_from_pairs` assembles: `pair_order`
 draws the indices of the kept pairs, pass after pass; `element_function` cuts each
-pair from the flat id arrays (in memory, or memory-mapped from a token cache) and
-adds BOS and EOS; `batched` buckets, pads, rounds the batches to the data-parallel
-replicas, keeps a process's rows and prefetches.
+pair from the flat id arrays (in memory, or memory-mapped from a token cache, whose
+pages the graph reads in place: `id_table`) and adds BOS and EOS; `batched` buckets,
+pads, rounds the batches to the data-parallel replicas, keeps a process's rows and
+prefetches.
 """
 
 import numpy as np
@@ -17,11 +18,12 @@ def element_function(pairs, kept, specials):
     import tensorflow as tf
 
     eos, bos, target_eos = (tf.constant([int(i)], tf.int32) for i in specials)
-    tables = {name: tf.constant(np.ascontiguousarray(values)) for name, values in (
+    tables = {name: id_table(values) for name, values in (
         ("source_ids", pairs.source_ids), ("target_ids", pairs.target_ids),
-        ("source_starts", pairs.source_offsets[kept.rows]),
-        ("target_starts", pairs.target_offsets[kept.rows]),
-        ("source_lengths", kept.source_lengths), ("target_lengths", kept.target_lengths))}
+        ("source_starts", _compact(pairs.source_offsets[kept.rows])),
+        ("target_starts", _compact(pairs.target_offsets[kept.rows])),
+        ("source_lengths", _compact(kept.source_lengths)),
+        ("target_lengths", _compact(kept.target_lengths)))}
 
     @tf.autograph.experimental.do_not_convert  # plain graph code: nothing to convert
     def element(index):
@@ -35,6 +37,27 @@ def element_function(pairs, kept, specials):
                 tf.concat([target, target_eos], 0))
 
     return element
+
+
+def id_table(values):
+    """A constant tensor of `values` for the graph to read. A memory-mapped array (a
+    token cache's ids) is shared, not copied: the tensor reads the file's pages, which
+    the kernel keeps in its page cache and may drop. Anything else is copied."""
+    import tensorflow as tf
+
+    # TensorFlow needs its buffers aligned to 64 bytes (Eigen's widest vectors); a
+    # .npy file's data starts at a multiple of 64 in a page-aligned mapping.
+    if isinstance(values, np.memmap) and values.flags.writeable and \
+            values.flags.c_contiguous and values.ctypes.data % 64 == 0 and values.size:
+        return tf.experimental.dlpack.from_dlpack(values.__dlpack__())
+    return tf.constant(np.ascontiguousarray(values))
+
+
+def _compact(values):
+    """Non-negative int64 `values` as int32 when they fit: half the memory."""
+    if not values.size or values.max() < 2**31:
+        return values.astype(np.int32)
+    return values
 
 
 def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
@@ -73,6 +96,10 @@ def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
     # every global batch (the data's, as nothing here reads files).
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    # tf.data's default graph rewrites serialize the pipeline, and with it the id
+    # tables it captures, into a copy: as much memory again as the token cache. The
+    # pipeline asks for its parallel maps and its prefetch itself.
+    options.experimental_optimization.apply_default_optimizations = False
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from keras_transformer.data import batches
 from keras_transformer.data.corpora import ParallelCorpus, synthetic_translation
 from keras_transformer.data.corpus_files import (
     TextFilesCorpus,
@@ -151,6 +152,36 @@ def test_batches_are_the_same_with_and_without_the_cache(files, corpus, tokenize
         for name in ("source", "target"):
             np.testing.assert_array_equal(inputs[name], cached_inputs[name])
         np.testing.assert_array_equal(labels, cached_labels)
+
+
+def test_the_batches_read_the_cached_ids_in_place(files, tokenizer, tmp_path):
+    """The pipeline's id tables share the cache's memory-mapped arrays, and tf.data's
+    graph rewrites, which would copy them, are off: a second run holds the ids once,
+    as the file's pages."""
+    train = TextFilesCorpus(str(files / "train.en.gz"), str(files / "train.de.gz"))
+    cached_pairs(str(tmp_path / "cache"), train, tokenizer, tokenizer)
+    pairs = cached_pairs(str(tmp_path / "cache"), train, tokenizer, tokenizer)
+    for side in ("source", "target"):
+        ids = getattr(pairs, f"{side}_ids")
+        table = batches.id_table(ids)
+        assert np.shares_memory(np.from_dlpack(table), ids)
+        np.testing.assert_array_equal(table.numpy(), ids)
+    in_memory = np.array(pairs.source_ids)  # not a mapping: copied
+    assert not np.shares_memory(np.from_dlpack(batches.id_table(in_memory)), in_memory)
+    dataset, _ = dataset_from_pairs(pairs, tokenizer, verbose=False)
+    assert dataset.options().experimental_optimization.apply_default_optimizations is False
+
+
+def test_an_unaligned_mapping_is_copied(tmp_path):
+    """TensorFlow reads buffers aligned to 64 bytes: a mapping that is not is copied."""
+    values = np.arange(1, 100, dtype=np.uint16)
+    path = tmp_path / "ids.bin"
+    values.tofile(path)
+    unaligned = np.memmap(path, dtype=np.uint16, mode="c", offset=2)
+    assert unaligned.ctypes.data % 64
+    table = batches.id_table(unaligned)
+    assert not np.shares_memory(np.from_dlpack(table), unaligned)
+    np.testing.assert_array_equal(table.numpy(), values[1:])
 
 
 def test_a_killed_tokenization_leaves_nothing_trusted(files, tokenizer, tmp_path, monkeypatch):

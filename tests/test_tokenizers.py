@@ -171,3 +171,30 @@ def test_a_vocabulary_too_large_for_the_text_names_the_size_that_works(capfd, mo
     with pytest.raises(ValueError, match=f"at most {largest} tokens"):
         SubwordTokenizer.train(corpus.sources, largest + 1)
     assert "trainer_interface" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_sentencepiece_learns_keras_hubs_model_in_a_process_of_its_own(lowercase, monkeypatch):
+    """The trainer runs in a child process (what it allocates goes back to the system
+    when that ends) and learns, byte for byte, the model keras-hub's
+    compute_sentence_piece_proto learns in this one: sentences with a newline and
+    outside ASCII included."""
+    import subprocess
+
+    import keras_hub
+
+    texts = TEXTS + ["a line\nwith a newline", "ünïcödé ✓ 漢字", "tab\tseparated"]
+    children = []
+    run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: children.append(a) or run(*a, **k))
+    ours = SubwordTokenizer.train(texts, 120, lowercase=lowercase)
+    assert len(children) == 1
+    theirs = keras_hub.tokenizers.compute_sentence_piece_proto(
+        tokenizers._text_dataset(texts), 120, model_type="bpe", lowercase=lowercase)
+    assert ours._vocabulary == theirs
+
+
+def test_a_trainer_that_ends_without_a_model_is_an_error(monkeypatch):
+    monkeypatch.setattr(tokenizers, "_TRAINER", "import sys; sys.exit(3)")
+    with pytest.raises(RuntimeError, match="ended with status 3 and no model"):
+        SubwordTokenizer.train(TEXTS, 120)

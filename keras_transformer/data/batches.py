@@ -9,6 +9,8 @@ pads, rounds the batches to the data-parallel replicas, keeps a process's rows a
 prefetches.
 """
 
+import mmap
+
 import numpy as np
 
 
@@ -28,9 +30,9 @@ def element_function(pairs, kept, specials):
     @tf.autograph.experimental.do_not_convert  # plain graph code: nothing to convert
     def element(index):
         def ids(side):
-            start = tables[f"{side}_starts"][index]
-            piece = tables[f"{side}_ids"][start:start + tables[f"{side}_lengths"][index]]
-            return tf.cast(piece, tf.int32)
+            start = tf.cast(tables[f"{side}_starts"][index], tf.int64)
+            length = tf.cast(tables[f"{side}_lengths"][index], tf.int64)
+            return tf.cast(tables[f"{side}_ids"][start:start + length], tf.int32)
 
         source, target = ids("source"), ids("target")
         return (tf.concat([source, eos], 0), tf.concat([bos, target], 0),
@@ -40,16 +42,22 @@ def element_function(pairs, kept, specials):
 
 
 def id_table(values):
-    """A constant tensor of `values` for the graph to read. A memory-mapped array (a
-    token cache's ids) is shared, not copied: the tensor reads the file's pages, which
-    the kernel keeps in its page cache and may drop. Anything else is copied."""
+    """A constant tensor of `values` for the graph to read. An array memory-mapped
+    whole from a file (a token cache's ids, `np.load(..., mmap_mode="r")`) is not
+    copied: the tensor reads a private mapping of the same file, whose pages the
+    kernel keeps in its page cache and may drop. Anything else is copied.
+
+    The private mapping is copy-on-write and held by the tensor alone, so nothing
+    can write into what TensorFlow reads as a constant, and the file is never
+    written."""
     import tensorflow as tf
 
-    # TensorFlow needs its buffers aligned to 64 bytes (Eigen's widest vectors); a
-    # .npy file's data starts at a multiple of 64 in a page-aligned mapping.
-    if isinstance(values, np.memmap) and values.flags.writeable and \
-            values.flags.c_contiguous and values.ctypes.data % 64 == 0 and values.size:
-        return tf.experimental.dlpack.from_dlpack(values.__dlpack__())
+    if isinstance(values, np.memmap) and isinstance(values.base, mmap.mmap) and values.size:
+        private = np.memmap(values.filename, values.dtype, "c", values.offset, values.shape)
+        # TensorFlow needs its buffers aligned to 64 bytes (Eigen's widest vectors); a
+        # .npy file's data starts at a multiple of 64 in a page-aligned mapping.
+        if private.ctypes.data % 64 == 0:
+            return tf.experimental.dlpack.from_dlpack(private.__dlpack__())
     return tf.constant(np.ascontiguousarray(values))
 
 
@@ -77,7 +85,7 @@ def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
             return tuple(tf.pad(x, [[0, missing], [0, 0]], constant_values=pad)
                          for x, pad in zip(tensors, padding))
 
-        dataset = dataset.map(pad_rows)
+        dataset = dataset.map(pad_rows, num_parallel_calls=tf.data.AUTOTUNE)
     if shard is not None:
         index, count = shard
 
@@ -85,7 +93,7 @@ def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
             rows = tf.shape(tensors[0])[0] // count
             return tuple(x[index * rows:(index + 1) * rows] for x in tensors)
 
-        dataset = dataset.map(own_rows)
+        dataset = dataset.map(own_rows, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.map(lambda s, t, y: ({"source": s, "target": t}, y),
                           num_parallel_calls=tf.data.AUTOTUNE)
     if cardinality is not None:
@@ -98,7 +106,9 @@ def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     # tf.data's default graph rewrites serialize the pipeline, and with it the id
     # tables it captures, into a copy: as much memory again as the token cache. The
-    # pipeline asks for its parallel maps and its prefetch itself.
+    # pipeline asks for its parallel maps and its prefetch itself. (Under a
+    # tf.distribute strategy of several replicas or workers, rebatching and
+    # auto-sharding still serialize it: one copy there.)
     options.experimental_optimization.apply_default_optimizations = False
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 

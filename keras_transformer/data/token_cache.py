@@ -155,11 +155,10 @@ def write_pairs(folder, pairs, manifest):
 
 
 def read_pairs(folder, manifest):
-    """The `TokenizedPairs` of a cache folder, memory-mapped (copy-on-write: a write
-    would change this process's copy, never the file; the batches' tensors share the
-    mapping, `keras_transformer.data.batches`)."""
+    """The `TokenizedPairs` of a cache folder, memory-mapped read-only (the batches'
+    tensors read the same file's pages: `keras_transformer.data.batches.id_table`)."""
     arrays = {f"{side}_{kind}": np.load(os.path.join(folder, f"{side}_{kind}.npy"),
-                                        mmap_mode="c")
+                                        mmap_mode="r")
               for side in _SIDES for kind in ("ids", "offsets")}
     pairs = TokenizedPairs(**arrays)
     if len(pairs) != manifest["pairs"]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer.data.batches import pair_order
+from keras_transformer.data.batches import id_table, pair_order
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.data.pipeline import (
     bucket_plan,
@@ -224,3 +224,17 @@ def test_a_shard_must_take_a_whole_part_of_every_batch(corpus_and_tokenizer, sha
     with pytest.raises(ValueError, match="shard="):
         make_dataset(corpus.sources, corpus.targets, tokenizer, batch_multiple=4, shard=shard,
                      verbose=False)
+
+
+@pytest.mark.once("torch")
+def test_an_array_mapped_unaligned_is_copied(tmp_path):
+    """TensorFlow reads buffers aligned to 64 bytes: a mapping whose data is not is
+    copied into one, with the same values."""
+    values = np.arange(1, 100, dtype=np.uint16)
+    path = tmp_path / "ids.bin"
+    values.tofile(path)
+    unaligned = np.memmap(path, dtype=np.uint16, mode="r", offset=2)
+    assert unaligned.ctypes.data % 64
+    table = id_table(unaligned)
+    assert not np.shares_memory(np.from_dlpack(table), unaligned)
+    np.testing.assert_array_equal(table.numpy(), values[1:])

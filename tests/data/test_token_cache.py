@@ -154,34 +154,53 @@ def test_batches_are_the_same_with_and_without_the_cache(files, corpus, tokenize
         np.testing.assert_array_equal(labels, cached_labels)
 
 
-def test_the_batches_read_the_cached_ids_in_place(files, tokenizer, tmp_path):
-    """The pipeline's id tables share the cache's memory-mapped arrays, and tf.data's
-    graph rewrites, which would copy them, are off: a second run holds the ids once,
-    as the file's pages."""
+def mapped_file(array):
+    """The file whose mapping holds `array`'s data (from /proc/self/maps), else None."""
+    address = array.ctypes.data
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5] if len(fields) > 5 and fields[5].startswith("/") else None
+    return None
+
+
+def test_the_batches_read_the_cached_ids_in_place(files, tokenizer, tmp_path, monkeypatch):
+    """The pipeline's id tables are mappings of the cache's files, not copies, and
+    tf.data's graph rewrites, which would copy them, are off: a second run holds the
+    ids once, as the files' pages. The arrays the cache gives stay read-only."""
     train = TextFilesCorpus(str(files / "train.en.gz"), str(files / "train.de.gz"))
-    cached_pairs(str(tmp_path / "cache"), train, tokenizer, tokenizer)
-    pairs = cached_pairs(str(tmp_path / "cache"), train, tokenizer, tokenizer)
-    for side in ("source", "target"):
-        ids = getattr(pairs, f"{side}_ids")
-        table = batches.id_table(ids)
-        assert np.shares_memory(np.from_dlpack(table), ids)
-        np.testing.assert_array_equal(table.numpy(), ids)
-    in_memory = np.array(pairs.source_ids)  # not a mapping: copied
-    assert not np.shares_memory(np.from_dlpack(batches.id_table(in_memory)), in_memory)
+    folder = os.path.realpath(tmp_path / "cache")
+    cached_pairs(folder, train, tokenizer, tokenizer)
+    pairs = cached_pairs(folder, train, tokenizer, tokenizer)
+    assert not pairs.source_ids.flags.writeable
+    tables, id_table = [], batches.id_table
+    monkeypatch.setattr(batches, "id_table", lambda values: tables.append(id_table(values))
+                        or tables[-1])
     dataset, _ = dataset_from_pairs(pairs, tokenizer, verbose=False)
+    read = [mapped_file(np.from_dlpack(table)) for table in tables]
+    assert read[:2] == [os.path.join(folder, f"{side}_ids.npy") for side in ("source", "target")]
+    assert not any(read[2:])  # the kept rows' starts and lengths: made in memory
+    np.testing.assert_array_equal(tables[1].numpy(), pairs.target_ids)
     assert dataset.options().experimental_optimization.apply_default_optimizations is False
 
 
-def test_an_unaligned_mapping_is_copied(tmp_path):
-    """TensorFlow reads buffers aligned to 64 bytes: a mapping that is not is copied."""
-    values = np.arange(1, 100, dtype=np.uint16)
-    path = tmp_path / "ids.bin"
-    values.tofile(path)
-    unaligned = np.memmap(path, dtype=np.uint16, mode="c", offset=2)
-    assert unaligned.ctypes.data % 64
-    table = batches.id_table(unaligned)
-    assert not np.shares_memory(np.from_dlpack(table), unaligned)
-    np.testing.assert_array_equal(table.numpy(), values[1:])
+def test_row_starts_past_int32_batch_as_the_others(files, corpus, tokenizer, tmp_path,
+                                                   monkeypatch):
+    """A corpus of more than 2**31 ids a side keeps its row starts as int64 beside
+    int32 lengths; the graph cuts the rows the same."""
+    train = TextFilesCorpus(str(files / "train.en.gz"), str(files / "train.de.gz"))
+    pairs = cached_pairs(str(tmp_path / "cache"), train, tokenizer, tokenizer)
+    options = dict(tokens_per_batch=512, seed=3, shuffle=False, verbose=False)
+    expected, _ = dataset_from_pairs(pairs, tokenizer, **options)
+    compact = batches._compact
+    monkeypatch.setattr(batches, "_compact",
+                        lambda values: compact(values) if values.max() < 1000 else values)
+    wide, _ = dataset_from_pairs(pairs, tokenizer, **options)
+    for (inputs, labels), (wide_inputs, wide_labels) in zip(expected.take(10), wide.take(10)):
+        np.testing.assert_array_equal(inputs["source"], wide_inputs["source"])
+        np.testing.assert_array_equal(labels, wide_labels)
 
 
 def test_a_killed_tokenization_leaves_nothing_trusted(files, tokenizer, tmp_path, monkeypatch):

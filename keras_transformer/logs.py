@@ -202,7 +202,8 @@ def hidden_native_lines(tail_bytes=None):
 def stderr_set_aside(tail_bytes=None):
     """Sends file descriptor 2 (C++ logging included) to a temporary file for the
     block; its content, or its last `tail_bytes` from a line's start, is written
-    back to stderr if the block raises."""
+    back to stderr if the block fails (an `Exception`: not when Ctrl-C or a
+    signal's exception ends it, which the command line reports in one line)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -213,8 +214,10 @@ def stderr_set_aside(tail_bytes=None):
         os.dup2(aside.fileno(), 2)
         try:
             yield
-        except BaseException:
+        except BaseException as error:
             _restore(saved)
+            if not isinstance(error, Exception):
+                raise
             aside.seek(0)
             text = aside.read()
             if tail_bytes and len(text) > tail_bytes:

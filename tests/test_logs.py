@@ -40,6 +40,12 @@ def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
         "        raise RuntimeError('failed')\n"
         "except RuntimeError:\n"
         "    pass\n"
+        "try:\n"
+        "    with stderr_set_aside():\n"
+        "        os.write(2, b'interrupted work\\n')\n"
+        "        raise KeyboardInterrupt\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
     )
     result = run_python(code)
     assert result.returncode == 0, result.stderr
@@ -47,6 +53,7 @@ def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
     assert "after" in result.stderr  # stderr is back after the block
     # The last 20 bytes, from the start of the first whole line among them.
     assert "then the cause" in result.stderr and "lines" not in result.stderr
+    assert "interrupted work" not in result.stderr  # Ctrl-C is reported in one line
 
 
 @once

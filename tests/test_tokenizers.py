@@ -1,8 +1,12 @@
 """Tests of §5.1 subword tokenization: training, round trips, saving."""
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
+from helpers import REPOSITORY
 
 from keras_transformer import tokenizers
 from keras_transformer.data.corpora import synthetic_translation
@@ -179,14 +183,13 @@ def test_sentencepiece_learns_keras_hubs_model_in_a_process_of_its_own(lowercase
     when that ends) and learns, byte for byte, the model keras-hub's
     compute_sentence_piece_proto learns in this one: sentences with a newline and
     outside ASCII included."""
-    import subprocess
-
     import keras_hub
 
     texts = TEXTS + ["a line\nwith a newline", "ünïcödé ✓ 漢字", "tab\tseparated"]
     children = []
-    run = subprocess.run
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: children.append(a) or run(*a, **k))
+    popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen",
+                        lambda *a, **k: children.append(a) or popen(*a, **k))
     ours = SubwordTokenizer.train(texts, 120, lowercase=lowercase)
     assert len(children) == 1
     theirs = keras_hub.tokenizers.compute_sentence_piece_proto(
@@ -198,3 +201,41 @@ def test_a_trainer_that_ends_without_a_model_is_an_error(monkeypatch):
     monkeypatch.setattr(tokenizers, "_TRAINER", "import sys; sys.exit(3)")
     with pytest.raises(RuntimeError, match="ended with status 3 and no model"):
         SubwordTokenizer.train(TEXTS, 120)
+
+
+def alive(pid):
+    """Whether process `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return not any(line.startswith("State:") and "Z" in line.split()[1]
+                           for line in status)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="the trainer ends with its parent through Linux's PR_SET_PDEATHSIG")
+def test_the_trainer_ends_when_its_parent_is_killed(tmp_path):
+    """A run killed (SIGKILL: the out-of-memory killer, kill -9) while it learns its
+    vocabulary leaves no trainer working on, holding its memory."""
+    pid_file = tmp_path / "trainer.pid"
+    waiting = f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); import time; time.sleep(300)"
+    code = ("from keras_transformer import tokenizers\n"
+            f"tokenizers._TRAINER = tokenizers._TRAINER.replace('import sentencepiece', "
+            f"{waiting!r})\n"
+            "tokenizers._sentence_piece_proto(['a b c'], 10, False)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPOSITORY)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert parent.poll() is None and time.monotonic() < deadline, "no trainer started"
+            time.sleep(0.1)
+        trainer = int(pid_file.read_text())
+        assert alive(trainer)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while alive(trainer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(trainer)

@@ -2,11 +2,13 @@
 
 The paper encodes sentences with byte-pair encoding (a shared source-target
 vocabulary of about 37000 tokens for En-De) or word pieces (32000 for En-Fr).
-`SubwordTokenizer` learns either from text with keras-hub's tools:
+`SubwordTokenizer` learns either from text and tokenizes with keras-hub's layers:
 
-- "sentencepiece": a SentencePiece BPE model (`compute_sentence_piece_proto`,
-  `SentencePieceTokenizer`). Detokenization restores the text exactly (up to
-  Unicode NFKC normalization). The default.
+- "sentencepiece": a SentencePiece BPE model (the model keras-hub's
+  `compute_sentence_piece_proto` learns, learned by SentencePiece's trainer in a
+  child process that gives its memory back when it ends; `SentencePieceTokenizer`).
+  Detokenization restores the text exactly (up to Unicode NFKC normalization). The
+  default.
 - "wordpiece": a WordPiece vocabulary (`compute_word_piece_vocabulary`,
   `WordPieceTokenizer`). Text is split on whitespace and punctuation first, so
   detokenization re-attaches punctuation with simple rules.

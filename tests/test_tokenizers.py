@@ -10,7 +10,7 @@ from helpers import REPOSITORY
 
 from keras_transformer import tokenizers
 from keras_transformer.data.corpora import synthetic_translation
-from keras_transformer.tokenizers import SubwordTokenizer
+from keras_transformer.tokenizers import SubwordTokenizer, sentencepiece_trainer
 
 # What is tested here does not depend on the backend: it runs in one pass.
 pytestmark = pytest.mark.once("torch")
@@ -198,7 +198,7 @@ def test_sentencepiece_learns_keras_hubs_model_in_a_process_of_its_own(lowercase
 
 
 def test_a_trainer_that_ends_without_a_model_is_an_error(monkeypatch):
-    monkeypatch.setattr(tokenizers, "_TRAINER", "import sys; sys.exit(3)")
+    monkeypatch.setattr(sentencepiece_trainer, "_TRAINER", "import sys; sys.exit(3)")
     with pytest.raises(RuntimeError, match="ended with status 3 and no model"):
         SubwordTokenizer.train(TEXTS, 120)
 
@@ -220,10 +220,10 @@ def test_the_trainer_ends_when_its_parent_is_killed(tmp_path):
     vocabulary leaves no trainer working on, holding its memory."""
     pid_file = tmp_path / "trainer.pid"
     waiting = f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); import time; time.sleep(300)"
-    code = ("from keras_transformer import tokenizers\n"
-            f"tokenizers._TRAINER = tokenizers._TRAINER.replace('import sentencepiece', "
+    code = ("from keras_transformer.tokenizers import sentencepiece_trainer as trainer\n"
+            f"trainer._TRAINER = trainer._TRAINER.replace('import sentencepiece', "
             f"{waiting!r})\n"
-            "tokenizers._sentence_piece_proto(['a b c'], 10, False)\n")
+            "trainer.sentence_piece_proto(['a b c'], 10, False)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPOSITORY)
     try:
         deadline = time.monotonic() + 120

@@ -150,26 +150,17 @@ class Watched:
     def _watch_memory(self):
         while self.process.poll() is None:
             resident, _ = self._read_memory()
-            children = sum(_resident_kb(pid) for pid in _descendants(self.process.pid))
+            children = sum(_memory_kb(pid).get("VmRSS", 0)
+                           for pid in _descendants(self.process.pid))
             self.tree_peak_kb = max(self.tree_peak_kb, (resident or 0) + children)
             time.sleep(0.5)
 
     def _read_memory(self):
         """Updates the peak; returns the resident memory now and its mapped files'
         share, in kB (None once the process is gone)."""
-        resident = files = None
-        try:
-            with open(f"/proc/{self.process.pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmHWM:"):
-                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
-                    elif line.startswith("VmRSS:"):
-                        resident = int(line.split()[1])
-                    elif line.startswith("RssFile:"):
-                        files = int(line.split()[1])
-        except OSError:
-            pass
-        return resident, files
+        status = _memory_kb(self.process.pid)
+        self.peak_kb = max(self.peak_kb, status.get("VmHWM", 0))
+        return status.get("VmRSS"), status.get("RssFile")
 
     def phases(self):
         """{phase: seconds from the command} for the phases whose line came."""
@@ -199,15 +190,15 @@ def _descendants(pid):
     return children + [grandchild for child in children for grandchild in _descendants(child)]
 
 
-def _resident_kb(pid):
+def _memory_kb(pid):
+    """{"VmHWM", "VmRSS", "RssFile": kB} of process `pid` (empty once it is gone)."""
     try:
         with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+            return {key: int(value.split()[0]) for key, _, value in
+                    (line.partition(":") for line in status)
+                    if key in ("VmHWM", "VmRSS", "RssFile")}
     except OSError:
-        pass
-    return 0
+        return {}
 
 
 def recipe_command(args, folder, run_dir, steps):

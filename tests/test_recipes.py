@@ -270,8 +270,8 @@ def test_quickstart_trains_data_parallel(tmp_path):
                "--test-pairs", "4", "--no-export", "--distribute", "data", *TINY_MODEL]
     # Two virtual CPU devices for JAX (torch's refusal and TensorFlow's strategy are
     # tests/training/test_distribution.py's).
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=" ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=2"]))
     result = subprocess.run(command, cwd=REPOSITORY, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -11,6 +11,9 @@ variable set, as CI does with CI=true; see `helpers.in_ci`) it runs the "ci"
 profile: derandomized, so every run tries the same examples, with no
 database, no deadline (an example's first call compiles and is slow), and the
 reproduction blob of a failure printed.
+
+The fixture shared across folders is `reversal`, a model trained on the toy
+reversal task.
 """
 
 import os
@@ -29,10 +32,16 @@ _FAST_COMPILES = "--xla_backend_optimization_level=0"
 if _FAST_COMPILES not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILES}".strip()
 
+import types  # noqa: E402
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
-from helpers import in_ci  # noqa: E402
+from helpers import built_once, in_ci  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+import keras_transformer as kt  # noqa: E402
+from keras_transformer import run_files  # noqa: E402
+from keras_transformer.data.toy_tasks import ToyVocabulary, reverse_task  # noqa: E402
 
 # Replaces the "ci" profile that recent Hypothesis versions register and load
 # whenever CI is in the environment, even as CI=false, so the choice follows
@@ -113,3 +122,70 @@ def _tensorflow_trains_without_xla_unless_asked(request, monkeypatch):
 
         monkeypatch.setattr(backend, "use_xla_for_training", lambda model: False)
     yield
+
+
+class _OneTorchThread:
+    """Trains torch on one thread: on a shared 2-core machine, tiny matrices and
+    two spinning OpenMP threads make training several times slower."""
+
+    def __enter__(self):
+        self._threads = None
+        if keras.backend.backend() == "torch":
+            import torch
+
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self._threads is not None:
+            import torch
+
+            torch.set_num_threads(self._threads)
+
+
+@pytest.fixture(scope="session")
+def reversal(tmp_path_factory):
+    """A tiny model trained on the toy reversal task (about 10 s on 2 CPU
+    cores, once per pass: `built_once`): non-trivial outputs with clear
+    margins, shared by the session: the learning check (test_training.py)
+    and the tests of decoding and translation (tests/inference/).
+
+    Attributes: `model`; `vocabulary`, the `ToyVocabulary` of its ids (special
+    ids, then 6 words); `max_sentence_length` (5); and `held_out(n)`, which
+    gives n unseen (batch, S) encoder inputs and the expected outputs (id
+    lists, EOS included).
+    """
+    vocabulary, max_sentence_length = ToyVocabulary(10), 5
+
+    def train(folder):
+        keras.utils.set_random_seed(0)
+        config = kt.TransformerConfig.tiny(
+            vocab_size=vocabulary.vocab_size, d_model=64, d_ff=128, num_heads=4,
+            label_smoothing=0.0, max_length=16,
+        )
+        model = kt.Transformer(config)
+        inputs, labels = reverse_task(2048, vocabulary=vocabulary,
+                                      max_sentence_length=max_sentence_length, seed=1)
+        steps = 12 * len(labels) // 128
+        model.compile(
+            optimizer=keras.optimizers.Adam(
+                keras.optimizers.schedules.PolynomialDecay(5e-3, steps, 5e-4),
+                beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+            ),
+            loss=kt.LabelSmoothedCrossEntropy(0.0),
+        )
+        with _OneTorchThread():
+            model.fit(inputs, labels, batch_size=128, epochs=12, verbose=0)
+        run_files.save_model(model, folder / "model.keras")
+
+    folder = built_once(tmp_path_factory, "reversal", train)
+    model = run_files.load_model(folder / "model.keras")
+
+    def held_out(num_examples=128):
+        inputs, labels = reverse_task(num_examples, vocabulary=vocabulary,
+                                      max_sentence_length=max_sentence_length, seed=2)
+        expected = [[int(t) for t in row if t != vocabulary.pad_id] for row in labels]
+        return inputs["source"], expected
+
+    return types.SimpleNamespace(model=model, vocabulary=vocabulary,
+                                 max_sentence_length=max_sentence_length, held_out=held_out)

@@ -6,8 +6,8 @@ serving. It must end with status 130 (SIGINT) or 143 (SIGTERM) and at most one l
 after the signal, never a Python traceback or an interpreter's fatal error, and leave
 no file half-written: no temporary `.partial-*` file where it wrote, and every model
 file it left loadable. What is tested is the command lines' own handling, the same under
-every backend: the tests run in the JAX pass (under JAX an export runs a TensorFlow
-process of its own, which a signal must stop too).
+every backend: the tests run in the PyTorch pass (under PyTorch, as under JAX, an
+export runs a TensorFlow process of its own, which a signal must stop too).
 """
 
 import os
@@ -20,7 +20,7 @@ import time
 import pytest
 from helpers import REPOSITORY, untrained_run_dir
 
-pytestmark = pytest.mark.once("jax")
+pytestmark = pytest.mark.once("torch")
 
 SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
 # Generous bounds for a shared, loaded 2-core machine.

@@ -68,8 +68,29 @@ def _a_share_of_the_cores_per_worker(config):
     os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
 
 
+# The files that take longest in some pass (they start processes, train, export or
+# compile many searches), longest first. Under pytest-xdist's `--dist loadfile` a
+# worker takes the next file when it is free: one of these started last keeps the
+# other worker idle until it ends (test_multiprocess.py, two tests, came last when
+# xdist ordered the files by their number of tests).
+LONG_FILES = ("tests/test_recipes.py", "tests/test_signals.py", "tests/test_multiprocess.py",
+              "tests/inference/test_decoding.py", "tests/export/test_saved_model.py",
+              "tests/test_model.py", "tests/serving/test_server.py", "tests/test_docs.py",
+              "tests/training/test_distribution.py", "tests/training/test_run.py",
+              "tests/layers/test_attention.py", "tests/layers/test_blocks.py")
+
+
+def _long_files_first(items):
+    """Orders the tests so that the LONG_FILES come first (pytest_configure tells
+    xdist to keep the order)."""
+    rank = {name: index for index, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))
+
+
 def pytest_configure(config):
     _a_share_of_the_cores_per_worker(config)
+    if hasattr(config.option, "loadscopereorder"):  # xdist's files in collection order
+        config.option.loadscopereorder = False
     config.addinivalue_line(
         "markers", "xla: trains with XLA under TensorFlow, as the library chooses (the other "
                    "tests train without it: see _tensorflow_trains_without_xla_unless_asked)")
@@ -79,7 +100,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Leaves out the tests marked `once` for another backend's pass."""
+    """Leaves out the tests marked `once` for another backend's pass, and puts the
+    long files first."""
     backend = keras.backend.backend()
     kept, left_out = [], []
     for item in items:
@@ -91,6 +113,7 @@ def pytest_collection_modifyitems(config, items):
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
+    _long_files_first(items)
 
 
 @pytest.fixture(autouse=True)

@@ -298,7 +298,8 @@ class Transformer(id_checks.IdCheckedModel, keras.Model):
         """Runs the decoder stack and the pre-softmax projection.
 
         Args:
-            target_ids: (batch, T) int ids of the decoder input.
+            target_ids: (batch, T) int ids of the decoder input, padded on the
+                right (the logits of padded positions are not meaningful).
             encoder_outputs: (batch, S, d_model) from `encode`; not read with a
                 cache, which holds its keys and values (None may be passed).
             source_padding_mask: (batch, S) bool from `encode`.
@@ -321,10 +322,12 @@ class Transformer(id_checks.IdCheckedModel, keras.Model):
         x = x + self.target_position(x, start_index=start_index)
         x = self.embedding_dropout(x, training=training)
         if cache is None:
-            target_mask = self.padding_mask(target_ids)
+            # Targets are padded on the right: causality alone (the backends'
+            # causal kernel) keeps each real position from the padding after
+            # it, and the loss and metrics ignore the padded positions' logits.
             for block in self.decoder_blocks:
-                x = block(x, encoder_outputs, decoder_padding_mask=target_mask,
-                          encoder_padding_mask=source_padding_mask, training=training)
+                x = block(x, encoder_outputs, encoder_padding_mask=source_padding_mask,
+                          training=training)
             return self.project_outputs(x)
         self_caches = []
         for block, self_cache, cross_cache in zip(self.decoder_blocks, cache["self"],

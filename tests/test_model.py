@@ -164,6 +164,58 @@ def test_encode_then_decode_equals_call():
     np.testing.assert_allclose(to_numpy(decoded), logits_of(model, inputs), atol=1e-6)
 
 
+@pytest.fixture
+def fused_attention_calls(monkeypatch):
+    """Each call of keras.ops.dot_product_attention: (mask given, is_causal)."""
+    calls = []
+    fused = keras.ops.dot_product_attention
+
+    def spy(query, key, value, mask=None, is_causal=False, **kwargs):
+        calls.append((mask is not None, is_causal))
+        return fused(query, key, value, mask=mask, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_decoder_self_attention_takes_the_causal_kernel_without_a_mask(
+        fused_attention_calls, training):
+    model = tiny_model()
+    model(batch(), training=training)
+    layers = model.config.num_layers
+    # Per layer: the encoder's and the cross-attention's padding masks, and the
+    # decoder's causality alone, as is_causal with no (batch, 1, T, T) tensor.
+    assert sorted(fused_attention_calls) == sorted(
+        [(True, False)] * 2 * layers + [(False, True)] * layers)
+
+
+def masked_decoder_logits(model, inputs, training=False):
+    """The logits of `inputs` with the target's padding mask given to every
+    decoder self-attention (as the model computed them before it took the
+    causal kernel)."""
+    encoded, source_mask = model.encode(inputs["source"], training=training)
+    target = inputs["target"]
+    x = model.target_embedding(target)
+    x = x + model.target_position(x)
+    for block in model.decoder_blocks:
+        x = block(x, encoded, decoder_padding_mask=model.padding_mask(target),
+                  encoder_padding_mask=source_mask, training=training)
+    return to_numpy(model.project_outputs(x))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("overrides", [{}, {"norm_position": "pre"}], ids=["post", "pre"])
+def test_right_padded_targets_give_the_masked_logits_at_every_real_position(
+        training, overrides):
+    model = tiny_model(**overrides)
+    inputs = batch()  # the second target is padded from position 3 on
+    real = inputs["target"] != 0
+    logits = to_numpy(model(inputs, training=training))
+    np.testing.assert_allclose(logits[real], masked_decoder_logits(model, inputs, training)[real],
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("overrides", [
     {"norm_position": "post"},
     {"norm_position": "pre"},

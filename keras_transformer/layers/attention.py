@@ -8,7 +8,9 @@ Eq. (1) goes through `keras.ops.dot_product_attention`, which dispatches to fuse
 kernels (cuDNN's flash attention on GPU under JAX and torch;
 `scaled_dot_product_attention` in torch; Keras's TensorFlow backend has no fused
 kernel), unless the caller asks for the attention weights or attention dropout is
-active; then the explicit softmax path beside it runs instead. The attention
+active; then the explicit softmax path beside it runs instead. Causality with no
+other mask goes down as `is_causal`, which lets a backend take its causal kernel
+(flash attention, torch's `is_causal`) with no (T, T) mask tensor. The attention
 weights themselves come from their own method, `attention_weights`, which runs the
 explicit path's softmax (for plots and alignments).
 
@@ -75,7 +77,9 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask: (batch, T, S) bool tensor, True where query t may attend
             to key s. Combined with the other masks by logical AND.
         use_causal_mask: Whether query t may only attend to keys s <= t (with a
-            cache: to keys s <= cache_update_index + t).
+            cache: to keys s <= cache_update_index + t). Alone (no other mask,
+            no cache) on the fused path, it reaches `dot_product_attention` as
+            `is_causal=True` with no mask tensor: the backend's causal kernel.
         cache: A `(keys, values)` pair of (batch, S_max, num_heads * key_dim)
             and (batch, S_max, num_heads * value_dim) tensors, from
             `initial_cache` or `precompute_cache` (heads side by side in the
@@ -248,7 +252,11 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         step = cache is not None and not training
         q, k, v, cache = self._project(query, value, key, cache, cache_update_index, step)
-        mask = self._merge_masks(
+        # Causality alone, over a whole sequence, goes down to the backend's causal
+        # kernel (`is_causal`) with no mask tensor; any other mask is built.
+        is_causal = (use_causal_mask and cache is None and key_padding_mask is None
+                     and attention_mask is None and self._use_fused_attention(training))
+        mask = None if is_causal else self._merge_masks(
             q, k, key_padding_mask, attention_mask, use_causal_mask, cache_update_index
         )
         if cache is not None and q.shape[1] == 1 and not (training and self._dropout_rate > 0):
@@ -259,7 +267,7 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             if cache is not None:
                 k, v = self._split_heads(k), self._split_heads(v)
-            attention_output = self._compute_attention(q, k, v, mask, training)
+            attention_output = self._compute_attention(q, k, v, mask, training, is_causal)
         outputs = project(self.output_dense, attention_output, step)
         return outputs if cache is None else (outputs, cache)
 
@@ -366,7 +374,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return False
         return True
 
-    def _compute_attention(self, query, key, value, mask, training):
+    def _compute_attention(self, query, key, value, mask, training, is_causal=False):
         """Eq. (1) for every head.
 
         Args:
@@ -374,6 +382,9 @@ class MultiHeadAttention(keras.layers.Layer):
             key: (batch, S, num_heads, key_dim).
             value: (batch, S, num_heads, value_dim).
             mask: (batch or 1, 1, T, S) bool, True where attention is allowed.
+            is_causal: Whether query t attends to keys s <= t only, with no
+                `mask` (T == S): the fused path's causal kernel (flash
+                attention on a GPU, `is_causal` in torch's SDPA).
 
         Returns:
             (batch, T, num_heads, value_dim) outputs.
@@ -385,7 +396,8 @@ class MultiHeadAttention(keras.layers.Layer):
                     (ops.shape(query)[0], 1, ops.shape(query)[1], ops.shape(key)[1]),
                 )
             scale = 1.0 / math.sqrt(self._key_dim)
-            return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+            return ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
+                                             is_causal=is_causal)
         weights = self.attention_dropout(self._softmax_weights(query, key, mask),
                                          training=training)
         return ops.einsum("bnts,bsnh->btnh", ops.cast(weights, value.dtype), value)

@@ -199,7 +199,11 @@ class DecoderBlock(_Block):
     Call arguments:
         inputs: (batch, T, d_model) decoder input.
         encoder_outputs: (batch, S, d_model) output of the encoder stack.
-        decoder_padding_mask: (batch, T) bool, True for real target tokens.
+        decoder_padding_mask: (batch, T) bool, True for real target tokens;
+            needed only where padding stands before a real token. Right padding
+            needs none: causality alone keeps every real position from the
+            padding after it, and without a mask the self-attention takes the
+            backend's causal kernel (`is_causal`). `Transformer` passes none.
         encoder_padding_mask: (batch, S) bool, True for real source tokens.
         self_attention_cache: The self-attention's `(keys, values)` cache,
             (batch, T_max, num_heads * key_dim) and (batch, T_max, num_heads *

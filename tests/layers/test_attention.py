@@ -107,6 +107,25 @@ def test_fused_path_matches_explicit_path_and_numpy(count_fused_calls):
     np.testing.assert_allclose(to_numpy(fused), expected, atol=1e-5)
 
 
+def test_causality_alone_reaches_the_fused_kernel_as_is_causal(monkeypatch):
+    calls = []
+    fused = keras.ops.dot_product_attention
+
+    def spy(query, key, value, mask=None, is_causal=False, **kwargs):
+        calls.append((mask, is_causal))
+        return fused(query, key, value, mask=mask, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    query = random(2, 5, 8)
+    output = layer(query, use_causal_mask=True)
+    assert calls == [(None, True)], "no (batch, 1, T, T) mask tensor beside is_causal"
+    expected, _ = numpy_multi_head(layer, query, query, np.tril(np.ones((2, 5, 5), bool)))
+    np.testing.assert_allclose(to_numpy(output), expected, atol=1e-5)
+    layer(query, key_padding_mask=np.ones((2, 5), bool), use_causal_mask=True)
+    assert calls[1][0] is not None and not calls[1][1], "another mask: one mask tensor"
+
+
 def test_attention_dropout_takes_explicit_path_only_in_training(count_fused_calls):
     layer = MultiHeadAttention(num_heads=2, key_dim=4, dropout_rate=0.5)
     query = random(2, 5, 8)

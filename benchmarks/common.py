@@ -33,7 +33,7 @@ import time
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
-    sys.path.insert(0, REPOSITORY)  # `python benchmarks/x.py` without an install
+    sys.path.insert(0, REPOSITORY)  # `python benchmarks/x.py` reads this checkout's library
 
 from keras_transformer.data.toy_tasks import ToyVocabulary  # noqa: E402
 

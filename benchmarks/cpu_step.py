@@ -24,6 +24,11 @@ compared with.
     python benchmarks/cpu_step.py --quick    # a smoke run, figures meaningless
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import collections
 import json
 import os

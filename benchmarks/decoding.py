@@ -42,6 +42,11 @@ exported SavedModel's `translate_ids` signature, the path TF Serving users run
         --lengths 32,64 --no-uncached
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import os
 import sys
 import tempfile

@@ -26,6 +26,11 @@ request at 64. A full run takes about 20 minutes on a 2-core CPU.
     python benchmarks/engines.py --quick --model tiny=RUN_DIR   # a smoke run, figures meaningless
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import json
 import os
 import subprocess
@@ -110,7 +115,7 @@ def parse_args(argv=None):
 def export(run_dir, base, engine, alpha):
     """`keras-transformer export` of `run_dir` to `base/1` for `engine`, in a
     TensorFlow-backend process (the SavedModel's batch sizes are the server's)."""
-    command = [sys.executable, "-m", "keras_transformer.cli", "export", run_dir, base,
+    command = [sys.executable, "-m", "keras_transformer_app", "export", run_dir, base,
                "--beam-size", "4", "--alpha", str(alpha), "--quiet"]
     command += (["--format", "ctranslate2"] if engine == "ctranslate2"
                 else ["--batch-sizes", "1,2,4"])

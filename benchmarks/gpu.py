@@ -39,6 +39,11 @@ JSON line marked "skipped" (`--allow-cpu` runs it anyway, to check the script).
     KERAS_BACKEND=jax python benchmarks/gpu.py --steps 40 --window 20 --profile 5
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import math
 import os
 import sys

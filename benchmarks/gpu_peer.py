@@ -20,6 +20,11 @@ in the same invocation, so that one report gives the ratio.
     python benchmarks/gpu_peer.py --mode compile --config big --peak-tflops 989
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import os
 import sys
 import time

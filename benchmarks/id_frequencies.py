@@ -12,6 +12,11 @@ file to the GPU machine.
     python benchmarks/id_frequencies.py --data-dir ../shared/data/multi30k --output ids.npy
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import os
 import sys
 

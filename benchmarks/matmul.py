@@ -13,6 +13,11 @@ thread count.
     python benchmarks/matmul.py --size 4096 --repeats 20
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import os
 import sys
 

@@ -23,6 +23,11 @@ tables) are kept, in their order, after the ones it writes. Targets:
     python benchmarks/run_all.py --quick --output /tmp/bench_quick.md   # check the scripts
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import datetime
 import importlib.metadata
 import json

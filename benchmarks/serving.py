@@ -34,6 +34,11 @@ run takes about 10 minutes on a 2-core CPU, half of it the two servers' warm-ups
     python benchmarks/serving.py --output /tmp/serving.json   # the figures as JSON too
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import datetime
 import json
 import os

@@ -59,7 +59,7 @@ class ServerProcess:
     """`keras-transformer serve` in a subprocess, bound to 127.0.0.1 on a free port."""
 
     def __init__(self, base_path, flags, startup_timeout):
-        self.command = [sys.executable, "-m", "keras_transformer.cli", "serve", base_path,
+        self.command = [sys.executable, "-m", "keras_transformer_app", "serve", base_path,
                         "--host", HOST, "--port", "0", *flags]
         self.startup_timeout = startup_timeout
         self.lines = []

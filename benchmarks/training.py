@@ -33,6 +33,11 @@ and achieved GFLOP/s with the formula of `common.py`:
     KERAS_BACKEND=torch python benchmarks/training.py --config large # + torch.nn.Transformer
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import argparse
 import json
 import os

@@ -34,6 +34,11 @@ corpus takes about 1.2 GB of disk in `--work-dir` (kept for reruns with
     python benchmarks/wmt14_scale.py --quick   # 50,000 pairs: a smoke run, figures meaningless
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import os
 import re
 import shlex

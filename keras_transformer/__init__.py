@@ -4,22 +4,16 @@ Runs unchanged on the TensorFlow, JAX and PyTorch backends (`KERAS_BACKEND`).
 
 Importing the package loads Keras and registers the package's layers, model, loss
 and schedule with Keras's serialization, so that `keras.saving.load_model` loads a
-saved model. It changes nothing else in the program that imports it: it sets no
-environment variable, log level, warning filter, signal handler or import hook
-(`tests/test_imports.py`). Quieting native log lines is left to the command lines,
-which own their process (`keras_transformer.logs`: a process started as one of them
-is quieted here, before Keras loads). A Ctrl-C that comes while the
-package loads Keras and the backend is held back until they are loaded, so that
-it ends the program cleanly after the import rather than inside a library's
-start-up.
+saved model. It changes nothing else in the program that imports it, whatever the
+program is called: it sets no environment variable, log level, warning filter, signal
+handler or import hook (`tests/test_imports.py`). Setting up a process (quieting
+native log lines, handling signals) is left to the program's entry points, which own
+theirs (`keras_transformer_app`).
 """
 
 import os
 
 from keras_transformer.backend import check_backend_name
-from keras_transformer.logs import quiet_if_a_command_line, signals_deferred
-
-quiet_if_a_command_line()  # before Keras loads TensorFlow: only in our own command lines
 
 __version__ = "0.1.0"
 
@@ -44,13 +38,12 @@ except ValueError as _backend_error:
             raise ValueError(str(_error)) from None
         raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
 else:
-    with signals_deferred():
-        from keras_transformer import layers
-        from keras_transformer.config import TransformerConfig
-        from keras_transformer.model import Transformer
-        from keras_transformer.training import (
-            LabelSmoothedCrossEntropy,
-            MaskedTokenAccuracy,
-            NoamSchedule,
-            paper_adam,
-        )
+    from keras_transformer import layers
+    from keras_transformer.config import TransformerConfig
+    from keras_transformer.model import Transformer
+    from keras_transformer.training import (
+        LabelSmoothedCrossEntropy,
+        MaskedTokenAccuracy,
+        NoamSchedule,
+        paper_adam,
+    )

@@ -11,6 +11,11 @@ languages need `--data` (files from www.manythings.org/anki). The run itself is
     python -m recipes.anki [--data spa.txt[.gz]] [--direction en-es]
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 from keras_transformer.cli import errors, recipe
 from keras_transformer.cli.options import path, rate, text
 

@@ -5,6 +5,11 @@ the mean of the given checkpoints. Same as `keras-transformer average`.
     python -m recipes.average a.keras b.keras --output averaged.keras
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import sys
 
 from keras_transformer import cli

@@ -19,6 +19,11 @@ averaged, and the length penalty α picked on the validation split from 0.8, 1.0
     KERAS_BACKEND=tensorflow python -m recipes.multi30k --direction de-en [--data-dir FOLDER]
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 from keras_transformer.cli import errors, recipe
 from keras_transformer.cli.options import path
 

@@ -13,6 +13,11 @@ after that). The run itself is `keras_transformer.training.run.run`.
     python -m recipes.quickstart [--steps 1250] [--precision float32] [--no-export]
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 from keras_transformer.cli import errors, recipe
 from keras_transformer.cli.options import positive_int
 

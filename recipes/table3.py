@@ -18,6 +18,11 @@ Each variant trains for `--minutes`, capped at `--steps`; `--precision`, `--seed
 `--native-logs` mean what they mean for the other recipes.
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 import argparse
 import os
 

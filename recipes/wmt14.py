@@ -20,6 +20,11 @@ and times). The run itself is `keras_transformer.training.run.run`.
     KERAS_BACKEND=jax python -m recipes.wmt14 --config big --precision mixed_bfloat16
 """
 
+if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    from keras_transformer_app.logs import start
+
+    start()
+
 from keras_transformer.cli import errors, recipe
 from keras_transformer.cli.options import path, positive_int
 

@@ -12,10 +12,11 @@ import pytest
 from helpers import REPOSITORY, untrained_run_dir
 
 import keras_transformer as kt
-from keras_transformer import cli, logs, run_files
+from keras_transformer import cli, run_files
 from keras_transformer.cli import commands
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.inference import Translator
+from keras_transformer_app import logs
 
 # The command line's own behaviour (its reading, writing, options and messages) is
 # the same under every backend, and runs in the torch pass; the translator under it
@@ -367,7 +368,7 @@ def test_command_line_rejects_bad_numbers(capsys):
 @pytest.mark.once("tensorflow")  # about the environment, not the backend
 @pytest.mark.parametrize("command", [
     ["keras-transformer", "translate", "run", "hallo"],
-    [sys.executable, "-m", "keras_transformer.cli", "export", "run", "out"],
+    [sys.executable, "-m", "keras_transformer_app", "export", "run", "out"],
     [sys.executable, "-m", "recipes.quickstart", "--steps", "1"],
 ])
 def test_an_unknown_backend_name_is_one_line_not_a_traceback(command):

@@ -2,7 +2,7 @@
 
 The ```bash blocks of README.md, docs/ and benchmarks/ are read as a shell would split
 them (quotes, line continuations, pipes, redirections, environment assignments), and each
-command of the project (`keras-transformer ...`, `python -m keras_transformer.cli ...`,
+command of the project (`keras-transformer ...`, `python -m keras_transformer_app ...`,
 `python -m recipes.NAME ...`, `python benchmarks/NAME.py ...`, `bash benchmarks/NAME.sh`)
 is parsed by the parser that would run it. An unknown option, a wrong choice, a bad value or
 a missing argument fails the test with the page and the line. Parsing checks no path (the
@@ -102,7 +102,7 @@ def project_command(argv):
         return "keras-transformer", argv[1:]
     if argv[0] in ("python", "python3") and len(argv) > 1:
         if argv[1] == "-m" and len(argv) > 2:
-            if argv[2] == "keras_transformer.cli":
+            if argv[2] in ("keras_transformer_app", "keras_transformer.cli"):
                 return "keras-transformer", argv[3:]
             if argv[2].startswith("recipes."):
                 return argv[2], argv[3:]
@@ -210,7 +210,7 @@ for entry_point in sys.argv[1:]:
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             if entry_point == "keras-transformer":
-                runpy.run_module("keras_transformer.cli", run_name="__main__", alter_sys=True)
+                runpy.run_module("keras_transformer_app", run_name="__main__", alter_sys=True)
             elif entry_point.startswith("recipes."):
                 runpy.run_module(entry_point, run_name="__main__", alter_sys=True)
             else:  # a script, run by its path as `python SCRIPT` runs it

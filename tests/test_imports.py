@@ -10,7 +10,9 @@ the other does not. Their states must be equal, and so must TensorFlow's lines. 
 thing the modules add is what importing them is for: their layers, losses and schedules
 registered with Keras's serialization, so that saved models load.
 
-Runs under each backend, in its own pass.
+Runs under each backend, in its own pass, as `python -c`; and in one pass under the names
+of the project's command lines (`keras-transformer`, a benchmark script), which the
+import must not look at.
 """
 
 import json
@@ -18,12 +20,15 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import REPOSITORY
 
 PROGRAM = r'''
 import importlib, json, logging, os, pkgutil, signal, sys, warnings
 
 STREAMS = [os.fstat(2).st_ino, os.fstat(1).st_ino]  # where stderr and stdout go at start
+if len(sys.argv) > 2:
+    sys.argv[0] = sys.argv[2]  # the program's name: the import must not depend on it
 modules = []
 if sys.argv[1] == "library":
     import keras_transformer
@@ -91,11 +96,13 @@ print(json.dumps({"modules": len(modules), "state": state()}))
 '''
 
 
-def run(first):
+def run(first, program_name=None):
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_TRANSFORMER_NATIVE_LOGS")}
-    result = subprocess.run([sys.executable, "-c", PROGRAM, first], capture_output=True,
-                            text=True, timeout=300, cwd=REPOSITORY, env=environment)
+    result = subprocess.run([sys.executable, "-c", PROGRAM, first,
+                             *([program_name] if program_name else [])],
+                            capture_output=True, text=True, timeout=300, cwd=REPOSITORY,
+                            env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     # TensorFlow's start-up lines, by the file that writes each (port.cc, ...).
@@ -104,9 +111,20 @@ def run(first):
     return report, [word.split(":")[0] for word in native]
 
 
-def test_importing_every_module_changes_nothing_in_the_host():
-    with_library, library_lines = run("library")
-    without, lines = run("program alone")
+# The names of the project's own command lines, which the library once recognised to
+# set up their process on import: it no longer looks (the entry points set themselves
+# up, keras_transformer_app). One backend's pass: the name does not depend on it.
+PROGRAM_NAMES = [pytest.param(None, id="python -c"),
+                 pytest.param("keras-transformer", id="keras-transformer",
+                              marks=pytest.mark.once("torch")),
+                 pytest.param(os.path.join(REPOSITORY, "benchmarks", "decoding.py"),
+                              id="a benchmark script", marks=pytest.mark.once("torch"))]
+
+
+@pytest.mark.parametrize("program_name", PROGRAM_NAMES)
+def test_importing_every_module_changes_nothing_in_the_host(program_name):
+    with_library, library_lines = run("library", program_name)
+    without, lines = run("program alone", program_name)
     assert with_library["modules"] > 50 and without["modules"] == 0
     changed = {key: {"program alone": without["state"][key], "with the library":
                      with_library["state"][key]}

@@ -19,7 +19,7 @@ PACKAGE = "keras_transformer"
 # The rings, innermost first: a package may import from its own ring and the
 # rings inside it, never from one outside.
 RINGS = [
-    {"validation", "config", "backend", "logs"},
+    {"validation", "config", "backend"},
     {"layers"},
     {"model", "id_checks"},
     {"tokenizers", "run_files"},
@@ -45,16 +45,22 @@ def module_name(path):
     return name[: -len(".__init__")] if name.endswith(".__init__") else name
 
 
+def in_package(module):
+    """Whether `module` is the library's package or one of its modules (not
+    `keras_transformer_app`, the program's entry package beside it)."""
+    return module == PACKAGE or module.startswith(PACKAGE + ".")
+
+
 def imported_modules(path, known):
     """The package's modules that `path` imports, at the top or inside a function."""
     found = set()
     for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+        if isinstance(node, ast.ImportFrom) and in_package(node.module or ""):
             for alias in node.names:
                 child = f"{node.module}.{alias.name}"
                 found.add(child if child in known else node.module)
         elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith(PACKAGE)}
+            found |= {alias.name for alias in node.names if in_package(alias.name)}
     return found
 
 

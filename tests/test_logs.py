@@ -13,7 +13,7 @@ import keras
 import pytest
 from helpers import REPOSITORY
 
-from keras_transformer import logs
+from keras_transformer_app import logs
 
 # The command lines' start-up does not depend on the backend under test: the tests that
 # start a Python process run once, in the torch pass, their processes under TensorFlow's
@@ -30,7 +30,7 @@ def run_python(code, **environment):
 def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
     code = (
         "import os, sys\n"
-        "from keras_transformer.logs import stderr_set_aside\n"
+        "from keras_transformer_app.logs import stderr_set_aside\n"
         "with stderr_set_aside():\n"
         "    os.write(2, b'native noise\\n')\n"
         "print('after', file=sys.stderr)\n"
@@ -61,7 +61,7 @@ def test_a_command_line_starts_without_tensorflows_native_lines(tmp_path):
     # The lines TensorFlow writes at start on a machine without CUDA: none of
     # them may reach the user of a command line.
     result = subprocess.run(
-        [sys.executable, "-m", "keras_transformer.cli", "plot", "positions",
+        [sys.executable, "-m", "keras_transformer_app", "plot", "positions",
          "--output", str(tmp_path / "positions.png")],
         capture_output=True, text=True, timeout=300, cwd=REPOSITORY,
         env=environment(KERAS_BACKEND="tensorflow"))
@@ -74,7 +74,7 @@ def test_a_command_line_starts_without_tensorflows_native_lines(tmp_path):
 @once
 def test_a_command_line_shows_the_native_logs_when_asked(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "keras_transformer.cli", "--native-logs", "plot", "positions",
+        [sys.executable, "-m", "keras_transformer_app", "--native-logs", "plot", "positions",
          "--output", str(tmp_path / "positions.png")],
         capture_output=True, text=True, timeout=300, cwd=REPOSITORY,
         env=environment(KERAS_BACKEND="tensorflow"))

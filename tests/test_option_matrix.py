@@ -165,11 +165,11 @@ def stopped_work(monkeypatch):
     def stop(*args, **kwargs):
         raise ReachedTheWork()
 
-    from keras_transformer import logs
     from keras_transformer.cli import commands
     from keras_transformer.cli import translate as translate_command
     from keras_transformer.data import corpora
     from keras_transformer.training import run, vocabulary
+    from keras_transformer_app import logs
 
     for module, name in ((commands, "load_translator"), (translate_command, "run"),
                          (commands, "plot"), (commands, "average"), (commands, "export"),

@@ -106,7 +106,7 @@ def partial_files(folder):
 
 
 def keras_transformer(*argv):
-    return [sys.executable, "-m", "keras_transformer.cli", *argv]
+    return [sys.executable, "-m", "keras_transformer_app", *argv]
 
 
 @pytest.fixture(scope="module")

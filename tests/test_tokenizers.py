@@ -163,7 +163,7 @@ def test_a_vocabulary_too_large_for_the_text_names_the_size_that_works(capfd, mo
     """The size the message names trains, the one above it is refused, and none of
     SentencePiece's log lines is shown where a command line quiets them (a library
     import leaves the host's stderr alone, see tests/test_imports.py)."""
-    from keras_transformer import logs
+    from keras_transformer_app import logs
 
     monkeypatch.setattr(logs, "_QUIET", True)
     corpus = synthetic_translation(60, seed=0)

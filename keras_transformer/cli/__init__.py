@@ -32,7 +32,7 @@ from keras_transformer.cli import errors, parser
 def main(argv=None):
     """Runs `keras-transformer` with `argv` (the process's arguments by default)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    from keras_transformer import logs
+    from keras_transformer_app import logs
 
     with errors.command_line(native_logs=logs.NATIVE_LOGS_FLAG in argv):
         args = parser.parse_args(argv)

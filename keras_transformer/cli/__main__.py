@@ -1,6 +1,11 @@
-"""`python -m keras_transformer.cli`: the `keras-transformer` command."""
+"""`python -m keras_transformer.cli`: the `keras-transformer` command.
 
-from keras_transformer.cli import main
+Python imports the library (and with it Keras) before this module runs, so TensorFlow's
+native start-up lines may show; `python -m keras_transformer_app`, like the installed
+`keras-transformer`, sets its process up before anything loads Keras.
+"""
+
+from keras_transformer_app import main
 
 if __name__ == "__main__":
     main()

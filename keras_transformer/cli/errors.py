@@ -180,7 +180,7 @@ def command_line(native_logs=None, flags=None):
     turned into `Terminated`, `user_errors` naming `flags`, and Keras's progress bars
     on stderr when it is a terminal and nowhere otherwise. Only for a process the
     command line owns."""
-    from keras_transformer import logs
+    from keras_transformer_app import logs
 
     if native_logs is None:
         native_logs = logs.NATIVE_LOGS_FLAG in sys.argv[1:]

@@ -192,7 +192,7 @@ def _ordinary_id(tokenizer):
 def _export_in_subprocess(model_path, export_base, version, beam_size, alpha,
                           max_output_length, max_source_length, batch_sizes, lengths,
                           n_best=None, verbose=False):
-    command = [sys.executable, "-m", "keras_transformer.cli", "export", model_path,
+    command = [sys.executable, "-m", "keras_transformer_app", "export", model_path,
                export_base, "--version", str(version), "--beam-size", str(beam_size),
                "--alpha", str(alpha)] + ([] if verbose else ["--quiet"])
     for flag, value in (("--max-output-length", max_output_length),

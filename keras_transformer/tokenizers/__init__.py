@@ -29,9 +29,9 @@ import json
 import os
 import re
 
-from keras_transformer.logs import hidden_native_lines
 from keras_transformer.tokenizers.sentencepiece_trainer import sentence_piece_proto
 from keras_transformer.validation import check_choice, check_positive_int
+from keras_transformer_app.logs import hidden_native_lines
 
 KINDS = ("sentencepiece", "wordpiece")
 WORDPIECE_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]

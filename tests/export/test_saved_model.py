@@ -143,7 +143,7 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported, reference_trans
 @tensorflow_pass
 def test_killed_export_leaves_no_version_directory(exported, tmp_path):
     base = tmp_path / "saved_models" / "killed"
-    command = [sys.executable, "-m", "keras_transformer.cli", "export", exported["run_dir"],
+    command = [sys.executable, "-m", "keras_transformer_app", "export", exported["run_dir"],
                str(base), "--version", "7", "--quiet"]
     process = subprocess.Popen(command, cwd=REPOSITORY, env=dict(QUIET, KERAS_BACKEND="tensorflow"),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

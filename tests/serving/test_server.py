@@ -823,7 +823,7 @@ def sigterm_run(model, tmp_path_factory):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     with open(output_path, "wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "keras_transformer.cli", "serve", model.base, "--host", HOST,
+            [sys.executable, "-m", "keras_transformer_app", "serve", model.base, "--host", HOST,
              "--port", str(port), "--file-system-poll-wait-seconds", "0"],
             cwd=REPOSITORY, env=environment, stdout=output, stderr=subprocess.STDOUT)
     sockets = []

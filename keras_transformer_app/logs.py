@@ -1,4 +1,5 @@
-"""Quiet output (not a paper section): native log lines hidden, progress bars off stdout.
+"""Quiet output of the program's processes (not a paper section): native log lines
+hidden, progress bars off stdout.
 
 TensorFlow and the libraries it loads write C++ log lines to stderr when they start
 (`cudart_stub`, `cpu_feature_guard`, "All log messages before absl::InitializeLog() is
@@ -8,11 +9,10 @@ pipeline use TensorFlow. SentencePiece's trainer writes hundreds of lines too.
 
 Hiding them changes the process, so the library never does it: importing and using
 it leaves TensorFlow's log level, stderr and the import system as they are. The
-project's own command lines (`keras-transformer`, `python -m recipes.NAME`, the
-scripts of `benchmarks/`) own their process and call `quiet_native_logs` before
-anything loads TensorFlow: in the package's `__init__`, which loads Keras (and with
-TensorFlow's backend, TensorFlow), when `started_as_command_line` recognises the
-process as one of them, and again when their code starts. That sets
+project's own entry points (`keras-transformer`, `python -m recipes.NAME`, the
+scripts of `benchmarks/`) own their process and call `start` as their first
+statement, before anything loads TensorFlow; `keras_transformer.cli.errors.command_line`
+calls `quiet_native_logs` again when their work starts. That sets
 `TF_CPP_MIN_LOG_LEVEL=3` and `GRPC_VERBOSITY=ERROR` (keeping any value the user set),
 puts an import hook in place that loads TensorFlow and its device plugins with file
 descriptor 2 set aside (absl writes its first lines before any level applies) and
@@ -40,7 +40,6 @@ import threading
 
 NATIVE_LOGS_VARIABLE = "KERAS_TRANSFORMER_NATIVE_LOGS"
 NATIVE_LOGS_FLAG = "--native-logs"
-_REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Whether this process's command line quiets the native logs (`quiet_native_logs`).
 _QUIET = False
 
@@ -75,54 +74,25 @@ def quiet_native_logs(native_logs=False):
         sys.meta_path.insert(0, _QuietTensorFlowImport())
 
 
-def started_as_command_line(argv=None, orig_argv=None, modules=None):
-    """Whether this process runs one of the project's command lines: the
-    `keras-transformer` script, `python -m keras_transformer.cli`, a recipe
-    (`python -m recipes.NAME`) or a script of this repository's `benchmarks/`.
+def start(native_logs=None):
+    """What an entry point of the program (`keras-transformer`, a recipe or a
+    benchmark script run as `__main__`) does first, before anything loads Keras or
+    TensorFlow: quiets the native logs (`quiet_native_logs`), and ends the process
+    quietly on SIGINT (status 130) or SIGTERM (143) until the command installs its
+    own handlers (`keras_transformer.cli.errors.command_line`): nothing has begun
+    that could be lost. Never called on import: a program that imports the library,
+    or this package, keeps its process as it was.
 
-    Recipes and benchmarks are recognised by where their files are, not by a
-    folder's name, so a program of yours in a folder called `recipes` is not
-    taken for ours. `python -m` sets `sys.argv[0]` to "-m" while it imports the
-    module's packages (this package's `__init__` among them), so the module is
-    then read from `sys.orig_argv`.
+    Args:
+        native_logs: Whether to show the native logs instead (`--native-logs`);
+            None looks for that flag among the process's own arguments.
     """
-    argv = sys.argv if argv is None else argv
-    modules = sys.modules if modules is None else modules
-    if argv and argv[0] == "-m":
-        original = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
-        module = original[original.index("-m") + 1] if "-m" in original[:-1] else ""
-        if module == "keras_transformer.cli":
-            return True
-        package = module.split(".")[0]
-        # Imported by `python -m` before this package: its folders tell whose it is.
-        folders = list(getattr(modules.get(package), "__path__", None) or ())
-        return package in _SCRIPT_FOLDERS and _repository_folder(package) in map(
-            os.path.realpath, folders)
-    name = os.path.basename(argv[0]) if argv else ""
-    return (name in ("keras-transformer", "keras-transformer.exe")
-            or (name.endswith(".py") and os.path.dirname(os.path.realpath(argv[0])) in map(
-                _repository_folder, _SCRIPT_FOLDERS)))
-
-
-_SCRIPT_FOLDERS = ("recipes", "benchmarks")
-
-
-def _repository_folder(folder):
-    return os.path.realpath(os.path.join(_REPOSITORY, folder))
-
-
-def quiet_if_a_command_line():
-    """What the package's `__init__` does before it loads Keras: when this process
-    is one of the project's command lines (`started_as_command_line`), whose own
-    code quiets the native logs later, it quiets them now, as TensorFlow's backend
-    loads with Keras, and ends the process quietly on SIGINT (status 130) or SIGTERM
-    (143) until the command installs its own handlers (nothing has begun that could
-    be lost); in any other process, nothing."""
-    if started_as_command_line():
-        quiet_native_logs(NATIVE_LOGS_FLAG in sys.argv[1:])
-        if threading.current_thread() is threading.main_thread():
-            for number in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(number, _exit_while_starting)
+    if native_logs is None:
+        native_logs = NATIVE_LOGS_FLAG in sys.argv[1:]
+    quiet_native_logs(native_logs)
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, _exit_while_starting)
 
 
 def _exit_while_starting(number, frame):

@@ -235,32 +235,36 @@ def progress_bars_on_stderr():
     """Within the block, Keras's progress bars (`keras.utils.Progbar`: `model.fit`'s,
     the translator's, the export's) are drawn on stderr when it is a terminal and
     not at all otherwise; Keras's other lines stay on stdout. So stdout holds only
-    results when redirected."""
-    try:
-        from keras.src.utils import io_utils
-    except ImportError:  # another Keras layout: its bars stay where it draws them
-        yield
-        return
-    print_message = io_utils.print_msg
-    if getattr(print_message, "routes_progress_bars", False):
+    results when redirected.
+
+    Keras writes its lines to whatever `sys.stdout` is when it writes them, so the
+    block puts a stream in its place (`contextlib.redirect_stdout`) that passes
+    every write through but a bar's; a command line owns its process's stdout."""
+    if isinstance(sys.stdout, _ProgressBarsAside):
         yield  # already routed by an enclosing block
         return
+    with contextlib.redirect_stdout(_ProgressBarsAside(sys.stdout)):
+        yield
 
-    def route(message, line_break=True):
-        text = str(message) + ("\n" if line_break else "")
-        if not _PROGRESS_BAR.search(text) or not io_utils.is_interactive_logging_enabled():
-            return print_message(message, line_break)
+
+class _ProgressBarsAside:
+    """A text stream that writes to `stream`, except what only a progress bar writes,
+    which goes to stderr when stderr is a terminal and nowhere otherwise."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        if not _PROGRESS_BAR.search(text):
+            return self._stream.write(text)
         if _is_terminal(sys.stderr):
-            sys.stdout.flush()  # the lines printed before the bar come first
+            self._stream.flush()  # the lines printed before the bar come first
             sys.stderr.write(text)
             sys.stderr.flush()
+        return len(text)
 
-    route.routes_progress_bars = True
-    io_utils.print_msg = route
-    try:
-        yield
-    finally:
-        io_utils.print_msg = print_message
+    def __getattr__(self, name):  # flush, fileno, isatty, encoding...: the stream's
+        return getattr(self._stream, name)
 
 
 def _is_terminal(stream):

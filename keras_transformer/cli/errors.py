@@ -11,7 +11,7 @@ Anything else is a bug and keeps its traceback.
 
 `command_line()` is the context both kinds of command line run in, from their first
 line: the native logs quieted, SIGTERM turned into a clean exit, these errors, and
-Keras's progress bars kept off stdout (`keras_transformer.logs.progress_bars_on_stderr`).
+Keras's progress bars kept off stdout (`keras_transformer_app.logs.progress_bars_on_stderr`).
 """
 
 import _thread

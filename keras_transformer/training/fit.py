@@ -4,10 +4,10 @@ Training is counted in optimizer steps, as in the paper (100,000 steps for the
 base model). `fit_steps` runs `model.fit` over a repeating dataset in windows of
 `checkpoint_every` steps (Keras "epochs"), and after each window:
 
-- `RunBackup` (a `keras.callbacks.BackupAndRestore` whose every write is
-  atomic) backs up weights and optimizer state, so a run killed at any moment
-  and started again with the same command resumes from the last window and
-  loses at most `checkpoint_every` steps;
+- `RunBackup` (a callback on `model.save_weights` and a JSON state file, whose
+  every write is atomic) backs up weights and optimizer state, so a run killed
+  at any moment and started again with the same command resumes from the last
+  window (`fit`'s `initial_epoch`) and loses at most `checkpoint_every` steps;
 - `StepCheckpoint` saves `checkpoints/step-NNNNNNN.keras`, keeping the last
   `keep_checkpoints` for checkpoint averaging (§6.1);
 - `WindowClock` times the window (its `seconds`, validation included, and its
@@ -34,7 +34,6 @@ while all restore the chief's backup.
 """
 
 import glob
-import json
 import math
 import os
 import re
@@ -162,21 +161,24 @@ def backup_step(run_dir):
     state = run_files.read_json(os.path.join(backup, RunBackup.STATE))
     if state is not None:
         return int(state.get("step", 0))
-    return 0 if os.path.exists(os.path.join(backup, "training_metadata.json")) else None
+    return 0 if os.path.exists(os.path.join(backup, RunBackup.KERAS_STATE)) else None
 
 
-class RunBackup(keras.callbacks.BackupAndRestore):
-    """`keras.callbacks.BackupAndRestore` that survives a kill at any moment.
+class RunBackup(keras.callbacks.Callback):
+    """The run's backup after every window, which survives a kill at any moment.
 
-    Keras writes `latest.weights.h5` in place, so a kill during the write
-    leaves a file that the restart cannot read. Here every window's state goes
-    to a new file, `window-NNNNNN.weights.h5` (written under a temporary name,
-    then renamed), and only then does `state.json` (also renamed into place)
-    point at it; older windows are deleted after that. Whatever the moment of
-    the kill, `state.json` names a complete file. The backup is kept when
-    training ends (a run given more steps trains on from it), and nothing is
-    written for a window with non-finite weights or one the guard cut short.
-    A backup in Keras's own layout (runs from before) is still restored.
+    Every window's weights and optimizer state go to a new file,
+    `window-NNNNNN.weights.h5` (`model.save_weights`, written under a temporary
+    name, then renamed), and only then does `state.json` (also renamed into
+    place) point at it; older windows are deleted after that. Whatever the
+    moment of the kill, `state.json` names a complete file. When training
+    begins the model loads it, and `windows_done` gives `fit` its
+    `initial_epoch`. The
+    backup is kept when training ends (a run given more steps trains on from
+    it), and nothing is written for a window with non-finite weights or one
+    the guard cut short. A backup that `keras.callbacks.BackupAndRestore`
+    wrote (runs from before: `latest.weights.h5`, `training_metadata.json`) is
+    still restored.
 
     Args:
         backup_dir: The backup folder (`run_files.BACKUP`), restored from.
@@ -187,50 +189,73 @@ class RunBackup(keras.callbacks.BackupAndRestore):
     """
 
     STATE = "state.json"
+    # What keras.callbacks.BackupAndRestore writes.
+    KERAS_WEIGHTS, KERAS_STATE = "latest.weights.h5", "training_metadata.json"
 
     def __init__(self, backup_dir, guard=None, save_dir=None):
-        super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
+        super().__init__()
+        self.backup_dir = backup_dir
         self.guard = guard
         self.save_dir = save_dir or backup_dir
 
+    def state(self):
+        """The last backup's `{"epoch": windows done, "weights": file name or None}`
+        in `backup_dir`, or None when there is none yet."""
+        state = run_files.read_json(os.path.join(self.backup_dir, self.STATE))
+        return self._keras_state() if state is None else state
+
+    def windows_done(self):
+        """The windows the last backup had finished: `fit`'s `initial_epoch`."""
+        state = self.state()
+        return 0 if state is None else int(state["epoch"])
+
     def on_train_begin(self, logs=None):
+        # Inside fit, as Keras's own BackupAndRestore: the model and its optimizer
+        # are built there (under a distribution strategy, in its scope).
         run_files.remove_partials(self.save_dir)  # writes that a kill interrupted
-        self._load_model()
-
-    def _save_model(self):
-        if not _may_save(self.model, self.guard):
+        state = self.state()
+        if state is None or state["weights"] is None:
             return
-        os.makedirs(self.save_dir, exist_ok=True)
-        name = f"window-{self._current_epoch:06d}.weights.h5"
-        with run_files.atomic_path(os.path.join(self.save_dir, name)) as partial:
-            self.model.save_weights(partial, overwrite=True)
-        run_files.write_json(os.path.join(self.save_dir, self.STATE),
-                             {"epoch": self._current_epoch, "weights": name,
-                              "step": optimizer_step(self.model)})
-        for old in glob.glob(os.path.join(self.save_dir, "*.weights.h5")):
-            if os.path.basename(old) != name:
-                os.remove(old)
-
-    def _load_model(self):
-        state_path = os.path.join(self.backup_dir, self.STATE)
-        if not os.path.exists(state_path):
-            return super()._load_model()  # Keras's layout, or no backup yet
-        with open(state_path) as f:
-            state = json.load(f)
-        weights_path = os.path.join(self.backup_dir, state["weights"])
         if not self.model.built:
             raise ValueError("RunBackup needs a built model: call it on a batch first.")
-        if self.model.optimizer is not None and not self.model.optimizer.built:
-            self.model.optimizer.build(self.model.trainable_variables)
+        self._load_weights(self.model, os.path.join(self.backup_dir, state["weights"]))
+
+    def _keras_state(self):
+        """The state of a backup in BackupAndRestore's layout, or None."""
+        weights = os.path.join(self.backup_dir, self.KERAS_WEIGHTS)
+        metadata = run_files.read_json(os.path.join(self.backup_dir, self.KERAS_STATE))
+        if metadata is None and not os.path.exists(weights):
+            return None
+        return {"epoch": (metadata or {}).get("epoch", 0),
+                "weights": self.KERAS_WEIGHTS if os.path.exists(weights) else None}
+
+    @staticmethod
+    def _load_weights(model, weights_path):
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)  # its variables, to load
         try:
-            self.model.load_weights(weights_path)
+            model.load_weights(weights_path)
         except Exception as error:
             raise ValueError(
                 f"Cannot restore the backup {weights_path!r} ({type(error).__name__}: "
                 f"{error}): it does not match this model. A run directory holds one "
                 "model; pass another --run-dir for a different configuration."
             ) from error
-        self.model._initial_epoch = state["epoch"]
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not _may_save(self.model, self.guard):
+            return
+        windows = epoch + 1
+        os.makedirs(self.save_dir, exist_ok=True)
+        name = f"window-{windows:06d}.weights.h5"
+        with run_files.atomic_path(os.path.join(self.save_dir, name)) as partial:
+            self.model.save_weights(partial, overwrite=True)
+        run_files.write_json(os.path.join(self.save_dir, self.STATE),
+                             {"epoch": windows, "weights": name,
+                              "step": optimizer_step(self.model)})
+        for old in glob.glob(os.path.join(self.save_dir, "*.weights.h5")):
+            if os.path.basename(old) != name:
+                os.remove(old)
 
 
 class WindowClock(keras.callbacks.Callback):
@@ -369,11 +394,12 @@ def fit_steps(
     windows = -(-total_steps // checkpoint_every)
     guard = NonFiniteGuard()
     signals = SignalsBetweenSteps()
+    backup = RunBackup(run_files.path(run_dir, run_files.BACKUP), guard=guard,
+                       save_dir=run_files.path(save_dir, run_files.BACKUP))
     callbacks = [
         signals,  # first: an interruption comes before this window's files are written
         guard,
-        RunBackup(run_files.path(run_dir, run_files.BACKUP), guard=guard,
-                  save_dir=run_files.path(save_dir, run_files.BACKUP)),
+        backup,
         StepCheckpoint(run_files.path(save_dir, run_files.CHECKPOINTS), keep=keep_checkpoints,
                        guard=guard),
         WindowClock(),
@@ -388,6 +414,7 @@ def fit_steps(
             train_dataset,
             steps_per_epoch=checkpoint_every,
             epochs=windows,
+            initial_epoch=backup.windows_done(),
             validation_data=validation_dataset,
             callbacks=callbacks,
             verbose=verbose,

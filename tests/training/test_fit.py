@@ -102,6 +102,21 @@ def test_backup_ignores_a_write_that_a_kill_interrupted(tmp_path):
     assert sorted(os.listdir(backup)) == ["state.json", "window-000002.weights.h5"]
 
 
+@file_handling
+def test_a_backup_that_keras_backup_and_restore_wrote_is_restored(tmp_path):
+    # Runs from before RunBackup kept Keras's layout: latest.weights.h5 and
+    # training_metadata.json.
+    backup = run_files.path(tmp_path, run_files.BACKUP)
+    model = compiled_tiny_model(1e-3)
+    model.fit(reverse_dataset(), steps_per_epoch=2, epochs=1, verbose=0,
+              callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
+    assert {"latest.weights.h5", "training_metadata.json"} <= set(os.listdir(backup))
+    model = compiled_tiny_model(1e-3)
+    history = fit_steps(model, reverse_dataset(), tmp_path, 4, checkpoint_every=2, verbose=0)
+    assert len(history.history["loss"]) == 1  # resumed after Keras's window 1
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+
+
 def tiny_regression():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")

@@ -56,7 +56,11 @@ def use_xla_for_training(model):
         return False
     import tensorflow as tf
 
-    return not (tf.distribute.has_strategy() or getattr(model, "_distribute_strategy", None))
+    # A model made under a strategy keeps it (the TensorFlow trainer's public
+    # `distribute_strategy`); any other model answers the default strategy.
+    strategy = getattr(model, "distribute_strategy", None)
+    return not (tf.distribute.has_strategy()
+                or (strategy is not None and strategy is not tf.distribute.get_strategy()))
 
 
 def copy_reverse_kernel():

@@ -455,10 +455,18 @@ def test_auto_jit_compile_is_xla_except_on_torch():
 def test_auto_jit_compile_stays_off_under_a_distribution_strategy():
     import tensorflow as tf
 
-    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
         model = tiny_model()
         model.compile(optimizer="adam", loss="mse")
+        made_in_scope = tiny_model()
     assert model.jit_compile is False
+    # Compiled outside the scope, the model still keeps its strategy.
+    made_in_scope.compile(optimizer="adam", loss="mse")
+    assert made_in_scope.jit_compile is False
+    elsewhere = tiny_model()
+    elsewhere.compile(optimizer="adam", loss="mse")
+    assert elsewhere.jit_compile is True
 
 
 @pytest.mark.parametrize("side, ids", [("source", [[5, 40]]), ("source", [[-1, 5]]),

@@ -167,7 +167,7 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
     import tensorflow_text  # noqa: F401  (the SavedModel's text signatures use its ops)
 
     from keras_transformer import run_files
-    from keras_transformer.export.saved_model import export_saved_model
+    from keras_transformer.export.tensorflow_process import export_from_any_backend
     from keras_transformer.tokenizers import WORDPIECE_SPECIAL_TOKENS, SubwordTokenizer
 
     model_path = os.path.join(directory, "model.keras")
@@ -184,7 +184,7 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
 
     def translate(n):
         if n not in signatures:
-            path = export_saved_model(
+            path = export_from_any_backend(
                 model_path, os.path.join(directory, f"beam{beam_size}"), version=n,
                 beam_size=beam_size, alpha=alpha, max_output_length=n,
                 batch_sizes=(int(source.shape[0]),), lengths=(int(source.shape[1]),),

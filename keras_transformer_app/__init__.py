@@ -16,6 +16,7 @@ Nothing here imports Keras until a command runs, so that an unknown `KERAS_BACKE
 one line rather than a traceback. The commands themselves are `keras_transformer.cli`.
 """
 
+import os
 import sys
 
 from keras_transformer_app import logs
@@ -23,12 +24,33 @@ from keras_transformer_app import logs
 
 def main(argv=None):
     """Runs `keras-transformer` with `argv` (the process's arguments by default), in a
-    process it owns: set up first, then the command (`keras_transformer.cli.main`)."""
+    process it owns: set up first, then the command (`keras_transformer.cli.main`).
+
+    A command that needs the TensorFlow backend under another (`export` of a
+    SavedModel under JAX or PyTorch) runs again in this process under TensorFlow
+    (`os.execv`): one process from start to end, which a signal reaches as it
+    would any other command."""
     argv = sys.argv[1:] if argv is None else list(argv)
     logs.start(native_logs=logs.NATIVE_LOGS_FLAG in argv)
     from keras_transformer.cli import main as run_command
 
-    return run_command(argv)
+    try:
+        return run_command(argv)
+    except RuntimeError as error:
+        from keras_transformer.export.saved_model import TensorFlowBackendRequired
+
+        if not isinstance(error, TensorFlowBackendRequired):
+            raise
+    run_again_under_tensorflow(argv)
+
+
+def run_again_under_tensorflow(argv):
+    """Replaces this process with `keras-transformer argv` under the TensorFlow
+    backend."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    os.execv(sys.executable, [sys.executable, "-m", "keras_transformer_app", *argv])
 
 
 __all__ = ["main"]

@@ -233,10 +233,16 @@ def test_a_gzipped_file_that_is_not_gzip_is_one_line(files, run_dir, capsys):
 
 
 @pytest.mark.once("jax")
-def test_a_mistake_the_exports_tensorflow_process_finds_is_one_line(run_dir, tmp_path, capsys):
-    """Under JAX the SavedModel is written by a TensorFlow-backend process: a mistake only
-    it finds (a compiled width past the model's longest input) is the same one line."""
-    err = fails_with(keras_transformer, ["export", str(run_dir), str(tmp_path / "exported"),
-                                         "--lengths", "16,5000"], capsys)
-    assert "go past the longest input" in err and "--lengths" in err
+def test_a_mistake_the_exports_tensorflow_process_finds_is_one_line(run_dir, tmp_path):
+    """Under JAX the command line runs itself again under TensorFlow to write the
+    SavedModel: a mistake only that process finds (a compiled width past the model's
+    longest input) is the same one line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer_app", "export", str(run_dir),
+         str(tmp_path / "exported"), "--lengths", "16,5000"], capture_output=True, text=True,
+        timeout=300, cwd=REPOSITORY, env=dict(os.environ, KERAS_BACKEND="jax"))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "go past the longest input" in lines[0] and "--lengths" in lines[0]
     assert not (tmp_path / "exported").exists() or os.listdir(tmp_path / "exported") == []

@@ -23,6 +23,7 @@ open it. Legacy `.h5` files are refused by their name, before Keras reads them.
 import importlib
 import json
 import os
+import subprocess
 import sys
 import uuid
 import warnings
@@ -30,7 +31,7 @@ import zipfile
 
 import keras
 import pytest
-from helpers import tiny_model
+from helpers import REPOSITORY, tiny_model
 
 from keras_transformer import cli, run_files
 from keras_transformer.data.corpora import synthetic_translation
@@ -42,12 +43,13 @@ REFUSED = "contains code that Keras's safe mode refuses to run"
 NOT_OURS = "It is not a model that keras-transformer's recipes write"
 NOT_KERAS_FILE = "is not a .keras file: keras-transformer loads only Keras 3 .keras files"
 
-# An export under JAX or PyTorch loads the file in a TensorFlow-backend subprocess:
+# An export under JAX or PyTorch loads the file in a TensorFlow-backend process (the
+# command line runs itself again under TensorFlow):
 # `test_an_export_from_another_backend_refuses_in_its_tensorflow_process` covers it there.
 tensorflow_only = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
-    reason="in-process export needs the tensorflow backend; other backends export through "
-           "a tensorflow subprocess, tested once below")
+    reason="in-process export needs the tensorflow backend; other backends export in a "
+           "tensorflow process, tested once below")
 
 
 @pytest.fixture(scope="module")
@@ -218,19 +220,22 @@ def test_every_loader_refuses_a_crafted_file_and_runs_none_of_its_code(
 @pytest.mark.skipif(keras.backend.backend() == "tensorflow",
                     reason="under tensorflow the export loads in-process, tested above")
 def test_an_export_from_another_backend_refuses_in_its_tensorflow_process(tmp_path, tokenizer):
-    from keras_transformer.export.saved_model import export_saved_model
-
     run = tmp_path / "run"
     run_files.save_tokenizers(str(run), tokenizer)
     side_effect = str(tmp_path / "side_effect.txt")
     write_lambda_model(run_files.path(str(run), run_files.MODEL), side_effect)
     try:
-        # The TensorFlow process's one-line error, raised as the same ValueError.
-        with pytest.raises(ValueError) as error:
-            export_saved_model(str(run), str(tmp_path / "saved_models"), verbose=False)
+        # The command line runs itself again under TensorFlow, which refuses in one line.
+        result = subprocess.run(
+            [sys.executable, "-m", "keras_transformer_app", "export", str(run),
+             str(tmp_path / "saved_models")], capture_output=True, text=True, timeout=300,
+            cwd=REPOSITORY)
     finally:
         assert not os.path.exists(side_effect), "the crafted file's code ran"
-    assert REFUSED in str(error.value) and NOT_OURS in str(error.value), str(error.value)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert REFUSED in lines[0] and NOT_OURS in lines[0], lines[0]
     assert not (tmp_path / "saved_models" / "1").exists()
 
 
@@ -281,7 +286,7 @@ def legacy_run(tmp_path, tokenizer):
 def export_into(path, tmp_path):
     from keras_transformer.export.saved_model import export_saved_model
 
-    # The check comes before any subprocess, whatever the backend.
+    # The check comes first, whatever the backend.
     export_saved_model(path, str(tmp_path / "saved_models"), verbose=False)
 
 

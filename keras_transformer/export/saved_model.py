@@ -38,21 +38,42 @@ signature (`keras_transformer.export.warmup`). Beam size, α,
 the output length limit and N are fixed at export.
 
 Only the TensorFlow backend can write a SavedModel (the torch backend needs
-torch_xla for it). Under JAX or PyTorch the export runs in a TensorFlow-backend
-subprocess (`keras-transformer export`) that loads the `.keras` file: models
-trained under any backend export the same way.
+torch_xla for it). Under JAX or PyTorch both functions raise
+`TensorFlowBackendRequired` once the arguments are checked, before anything is
+loaded: the `.keras` file exports the same from a TensorFlow-backend process,
+whatever backend trained it. `keras-transformer export` runs itself again under
+TensorFlow (`keras_transformer_app`), and a training run exports through that
+command in a process of its own (`keras_transformer.export.tensorflow_process`).
 """
 
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 
 from keras_transformer import run_files
 from keras_transformer.export import signatures, versions, warmup
 from keras_transformer.export.shapes import ServingShapes
 from keras_transformer.inference.search import check_model, check_search_options
+
+
+class TensorFlowBackendRequired(RuntimeError):
+    """A SavedModel is written under the TensorFlow backend, and this process runs
+    another (`backend`): export the `.keras` file from a TensorFlow-backend process."""
+
+    def __init__(self, backend):
+        super().__init__(
+            f"A SavedModel is written under the TensorFlow backend, and this process runs "
+            f"{backend}: export the saved .keras file (or its run directory) from a "
+            "TensorFlow-backend process, as `KERAS_BACKEND=tensorflow keras-transformer "
+            "export MODEL EXPORT_BASE` does (`keras-transformer export` under another "
+            "backend runs itself again so).")
+        self.backend = backend
+
+
+def check_tensorflow_backend():
+    """Raises `TensorFlowBackendRequired` unless Keras runs on TensorFlow."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise TensorFlowBackendRequired(keras.backend.backend())
 
 
 def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
@@ -86,9 +107,10 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
 
     Returns:
         The path of the new version directory.
-    """
-    import keras
 
+    Raises:
+        TensorFlowBackendRequired: Keras runs on another backend.
+    """
     check_search_options(beam_size, alpha, max_output_length)
     check_n_best(n_best, beam_size)
     model_path = run_files.resolve_model_path(model)
@@ -96,10 +118,7 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
     options = dict(beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
                    max_source_length=max_source_length, batch_sizes=batch_sizes,
                    lengths=lengths, n_best=n_best)
-    if keras.backend.backend() != "tensorflow":
-        # The TensorFlow-backend process shows the progress and the summary.
-        return _export_in_subprocess(model_path, export_base, version, verbose=verbose,
-                                     **options)
+    check_tensorflow_backend()
     loaded, source_tokenizer, target_tokenizer = run_files.load_translation_model(model_path)
     path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
                         verbose=verbose, **options)
@@ -116,13 +135,16 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
 def export_model(model, source_tokenizer, target_tokenizer, export_base, version=None,
                  beam_size=4, alpha=0.6, max_output_length=None, max_source_length=None,
                  batch_sizes=None, lengths=None, n_best=None, verbose=False):
-    """Exports an in-memory `Transformer` and its tokenizers (any backend).
+    """Exports an in-memory `Transformer` and its tokenizers (the TensorFlow backend).
 
-    Under the TensorFlow backend the model is traced directly; under JAX or
-    PyTorch it is saved to a temporary `.keras` file with its tokenizers and
-    exported by a TensorFlow-backend subprocess. Arguments as in
-    `export_saved_model` (`verbose` shows a progress bar of the export's
-    phases); returns the new version directory.
+    The model is traced directly. Arguments as in `export_saved_model`
+    (`verbose` shows a progress bar of the export's phases); returns the new
+    version directory.
+
+    Raises:
+        TensorFlowBackendRequired: Keras runs on another backend (save the
+            model with `run_files.save_model` and its tokenizers beside it,
+            and export that file from a TensorFlow-backend process).
     """
     import keras
 
@@ -131,16 +153,7 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
     check_n_best(n_best, beam_size)
     shapes = ServingShapes.for_model(model.config, max_source_length, batch_sizes, lengths)
     version = versions.next_version(export_base, version)
-    if keras.backend.backend() != "tensorflow":
-        with tempfile.TemporaryDirectory(prefix="keras-transformer-export-") as directory:
-            model_path = run_files.path(directory, run_files.MODEL)
-            run_files.save_model(model, model_path)
-            run_files.save_tokenizers(directory, source_tokenizer, target_tokenizer)
-            return _export_in_subprocess(
-                model_path, export_base, version, beam_size=beam_size, alpha=alpha,
-                max_output_length=max_output_length, max_source_length=max_source_length,
-                batch_sizes=shapes.batch_sizes, lengths=shapes.lengths, n_best=n_best,
-                verbose=verbose)
+    check_tensorflow_backend()
 
     import tensorflow as tf
 
@@ -187,43 +200,6 @@ def _ordinary_id(tokenizer):
     special = {tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id,
                getattr(tokenizer, "unk_id", None)}
     return next(i for i in range(tokenizer.vocab_size) if i not in special)
-
-
-def _export_in_subprocess(model_path, export_base, version, beam_size, alpha,
-                          max_output_length, max_source_length, batch_sizes, lengths,
-                          n_best=None, verbose=False):
-    command = [sys.executable, "-m", "keras_transformer_app", "export", model_path,
-               export_base, "--version", str(version), "--beam-size", str(beam_size),
-               "--alpha", str(alpha)] + ([] if verbose else ["--quiet"])
-    for flag, value in (("--max-output-length", max_output_length),
-                        ("--max-source-length", max_source_length), ("--n-best", n_best)):
-        if value is not None:
-            command += [flag, str(value)]
-    for flag, values in (("--batch-sizes", batch_sizes), ("--lengths", lengths)):
-        if values is not None:
-            command += [flag, ",".join(str(v) for v in values)]
-    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
-    # Its output (progress, summary) goes to ours; its errors are reported below.
-    with subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True,
-                          stdout=None if verbose else subprocess.DEVNULL) as process:
-        try:
-            errors = process.communicate()[1]
-        except BaseException:
-            # Interrupted (Ctrl-C, SIGTERM): the export process stops too, cleaning
-            # up after itself, before this process goes on with the interruption.
-            process.send_signal(signal.SIGTERM)
-            process.wait()
-            raise
-    if process.returncode == 2 and errors.strip().startswith("error: "):
-        # The export process's user error (an export base that cannot be written,
-        # say), the same one line as in a TensorFlow-backend process of our own.
-        raise ValueError(errors.strip().splitlines()[-1][len("error: "):])
-    if process.returncode != 0:
-        raise RuntimeError(
-            "Exporting in a TensorFlow-backend process failed "
-            f"(exit status {process.returncode}):\n{errors[-3000:]}"
-        )
-    return os.path.join(export_base, str(version))
 
 
 def _translation_module(model, source_tokenizer, target_tokenizer, shapes, beam_size, alpha,

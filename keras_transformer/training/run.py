@@ -305,16 +305,21 @@ def _after_training(record, options, model, tokenizer_pair, validation, test):
             options.run_dir, validation, *tokenizer_pair, beam_size=options.beam_size,
             alpha=options.alpha, limit=options.eval_limit))
     if options.export_dir and "exported" not in record:
-        from keras_transformer.export.saved_model import export_saved_model
-
-        # The run's model, as `keras-transformer export RUN_DIR` would pick it.
-        record.finish("exported", saved_model=export_saved_model(
-            options.run_dir, options.export_dir, beam_size=options.beam_size,
-            alpha=options.alpha))
+        record.finish("exported", saved_model=_export(options))
     if record.phases == record.done_before:
         print(f"Nothing left to do: {record.path} records every phase (evaluate_only "
               "scores the run again; a larger steps trains on).")
     return record.results
+
+
+def _export(options):
+    """The phase "exported": the run's model, as `keras-transformer export RUN_DIR`
+    would pick it, as a SavedModel; from a TensorFlow-backend process of its own
+    under another backend."""
+    from keras_transformer.export.tensorflow_process import export_from_any_backend
+
+    return export_from_any_backend(options.run_dir, options.export_dir,
+                                   beam_size=options.beam_size, alpha=options.alpha)
 
 
 def _train(record, config, options, total_steps, distributed, train_dataset,

@@ -1,6 +1,7 @@
 """Fixtures of the export tests, built once per session: one small model
 exported as a SavedModel under the current backend (JAX and PyTorch models
-export through a TensorFlow-backend subprocess)."""
+export through a TensorFlow-backend process of the command line, as a training
+run does: `export_from_any_backend`)."""
 
 import keras
 import pytest
@@ -8,7 +9,8 @@ import pytest
 import keras_transformer as kt
 from keras_transformer import run_files
 from keras_transformer.data.corpora import synthetic_translation
-from keras_transformer.export.saved_model import export_model, export_saved_model
+from keras_transformer.export.saved_model import export_model
+from keras_transformer.export.tensorflow_process import export_from_any_backend
 from keras_transformer.inference import Translator
 from keras_transformer.tokenizers import SubwordTokenizer
 
@@ -20,7 +22,8 @@ SHAPES = dict(batch_sizes=(1, 4), lengths=(16, 64))
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """A run directory (model.keras + tokenizer/) built under the current
-    backend, exported from memory as version 1 with the §6.1 beam search.
+    backend, exported as version 1 with the §6.1 beam search: from memory under
+    TensorFlow, from the run directory in a TensorFlow process otherwise.
 
     Also holds the corpus, test sentences (real ones, an empty one, and words
     the vocabulary never saw) and encoder inputs in the tokenizer's ids.
@@ -35,7 +38,10 @@ def exported(tmp_path_factory):
     model = kt.Transformer(config)
     run_files.save_model(model, run_files.path(directory, run_files.MODEL))
     base = str(root / "saved_models" / "tiny")
-    beam = export_model(model, tokenizer, tokenizer, base, **SHAPES)
+    if keras.backend.backend() == "tensorflow":
+        beam = export_model(model, tokenizer, tokenizer, base, **SHAPES)
+    else:
+        beam = export_from_any_backend(directory, base, verbose=False, **SHAPES)
     pad, eos = tokenizer.pad_id, tokenizer.eos_id
     return {
         "run_dir": directory, "base": base, "beam": beam, "corpus": corpus,
@@ -47,8 +53,8 @@ def exported(tmp_path_factory):
 @pytest.fixture(scope="session")
 def exported_greedy(exported):
     """Version 2 of the same model, greedy (beam 1, α 0), from the run directory."""
-    greedy = export_saved_model(exported["run_dir"], exported["base"], beam_size=1, alpha=0.0,
-                                verbose=False, **SHAPES)
+    greedy = export_from_any_backend(exported["run_dir"], exported["base"], beam_size=1,
+                                     alpha=0.0, verbose=False, **SHAPES)
     return dict(exported, greedy=greedy)
 
 

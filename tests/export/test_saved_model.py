@@ -10,12 +10,17 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 from helpers import REPOSITORY
 
 from keras_transformer import cli, run_files
-from keras_transformer.export.saved_model import export_saved_model
+from keras_transformer.export.saved_model import TensorFlowBackendRequired, export_saved_model
+from keras_transformer.export.tensorflow_process import (
+    ExportProcessError,
+    export_in_tensorflow_process,
+)
 from keras_transformer.export.versions import (
     latest_version_path,
     load_saved_model,
@@ -178,6 +183,31 @@ def test_export_refuses_to_overwrite_a_version(exported):
 def test_export_rejects_bad_options(exported, tmp_path, arguments, error, message):
     with pytest.raises(error, match=message):
         export_saved_model(exported["run_dir"], str(tmp_path / "out"), **arguments)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow",
+                    reason="the TensorFlow backend writes the SavedModel itself")
+def test_another_backend_is_told_to_export_from_a_tensorflow_process(exported, tmp_path):
+    # The arguments and the file are checked first; then, before anything loads, the
+    # library says which backend writes a SavedModel, and starts no process.
+    with pytest.raises(ValueError, match="beam_size"):
+        export_saved_model(exported["run_dir"], str(tmp_path / "out"), beam_size=0)
+    with pytest.raises(TensorFlowBackendRequired, match="KERAS_BACKEND=tensorflow") as error:
+        export_saved_model(exported["run_dir"], str(tmp_path / "out"))
+    assert error.value.backend == keras.backend.backend()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.once("torch")
+def test_a_failed_export_process_raises_its_status_and_leaves_its_error_on_stderr(
+        exported, tmp_path, capfd):
+    with pytest.raises(ExportProcessError) as error:
+        export_in_tensorflow_process(exported["run_dir"], str(tmp_path / "out"), lengths=(5000,),
+                                     verbose=False)
+    assert error.value.status == 2
+    err = capfd.readouterr().err
+    assert "error: " in err and "go past the longest input" in err
+    assert not os.path.exists(tmp_path / "out" / "1")
 
 
 @tensorflow_pass

@@ -186,11 +186,23 @@ def machine():
         pass
     return {
         "cpu": model,
+        "isa": instruction_set(),
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "os": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def instruction_set():
+    """The widest x86 vector instructions the CPU has: "AVX-512", "AVX2", or "other"."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            flags = next((line.split(":", 1)[1].split() for line in file
+                          if line.startswith("flags")), [])
+    except OSError:
+        return "other"
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
 
 
 def backend_name():

@@ -17,6 +17,14 @@ traced graph, so one trace serves every later call of the same shapes,
 whatever the values, and sees the weights as they are then. While such a
 search runs, `keras_transformer.backend.write_cache` writes the attention
 caches in place (`backend.cache_writes_in_place`).
+
+`torch.jit.trace` is deprecated since torch 2.10 in favour of `torch.compile`,
+and it is kept here, the one such use, because decoding without it (eager,
+under `torch.no_grad`) runs several times slower (docs/performance.md,
+"Decoding under PyTorch") and `torch.compile` takes minutes to start. Tested
+with torch 2.13; `tests/inference/test_compiled.py` fails when a torch release
+changes what the trace records, and a trace that fails falls back to the eager
+loop with one warning.
 """
 
 import collections

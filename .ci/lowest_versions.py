@@ -15,7 +15,8 @@ environment, and a run without torch among `--backends` installs none. Too long 
 15 minutes beside the suite: docs/installation.md gives its last result and commit.
 
     python .ci/lowest_versions.py                       # every backend
-    python .ci/lowest_versions.py --python python3.10 --backends tensorflow,jax
+    python .ci/lowest_versions.py --python python3.10 --backends tensorflow,jax \
+        --instead keras==3.15.1        # Keras 3.14 has no release for Python 3.10
 """
 
 import argparse
@@ -161,12 +162,20 @@ def main():
     parser.add_argument("--torch", default="2.13.0", help="the torch version installed")
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter of the environment (default: this one)")
+    parser.add_argument("--instead", action="append", default=[], metavar="NAME==VERSION",
+                        help="pin NAME to VERSION instead of its lower bound (a bound that "
+                             "has no release for --python); repeatable")
     args = parser.parse_args()
     backends = args.backends.split(",")
     # Every extra but the backends not run (torch's wheel is the one to avoid).
     extras = ["text", "serving", "test", *backends]
     with open(os.path.join(REPOSITORY, "pyproject.toml"), "rb") as f:
         bounds = lower_bounds(tomllib.load(f))
+    for pin in args.instead:
+        name, _, version = pin.partition("==")
+        if name.lower() not in bounds or not version:
+            parser.error(f"--instead {pin}: give NAME==VERSION for one of {sorted(bounds)}")
+        bounds[name.lower()] = version
     os.makedirs(args.work_dir, exist_ok=True)
     python = install(args.work_dir, bounds, args.torch, args.python, extras)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPOSITORY,

@@ -19,7 +19,7 @@ PACKAGE = "keras_transformer"
 # The rings, innermost first: a package may import from its own ring and the
 # rings inside it, never from one outside.
 RINGS = [
-    {"validation", "config", "backend"},
+    {"validation", "config", "backend", "compat"},
     {"layers"},
     {"model", "id_checks"},
     {"tokenizers", "run_files"},

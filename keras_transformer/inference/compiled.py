@@ -18,19 +18,16 @@ whatever the values, and sees the weights as they are then. While such a
 search runs, `keras_transformer.backend.write_cache` writes the attention
 caches in place (`backend.cache_writes_in_place`).
 
-`torch.jit.trace` is deprecated since torch 2.10 in favour of `torch.compile`,
-and it is kept here, the one such use, because decoding without it (eager,
-under `torch.no_grad`) runs several times slower (docs/performance.md,
-"Decoding under PyTorch") and `torch.compile` takes minutes to start. Tested
-with torch 2.13; `tests/inference/test_compiled.py` fails when a torch release
-changes what the trace records, and a trace that fails falls back to the eager
-loop with one warning.
+`torch.jit.trace` is deprecated since torch 2.10 in favour of `torch.compile`;
+it is kept, through `keras_transformer.compat.torch_trace` (which says why and
+the torch version tested), and a trace that fails falls back to the eager loop
+with one warning.
 """
 
 import collections
 import threading
 
-from keras_transformer import backend
+from keras_transformer import backend, compat
 
 # The traced loops of the compiled search running in this thread, if any.
 _LOCAL = threading.local()
@@ -219,7 +216,7 @@ class _TracedLoops:
             return tuple(keras.tree.flatten(function(*loop_vars)))
 
         try:
-            traced = _trace(flat_function, (*fixed, *flat_state))
+            traced = compat.torch_trace(flat_function, (*fixed, *flat_state))
         except Exception as error:  # noqa: BLE001 - any failure falls back to Keras's loop
             if not _TRACE_FAILURES:
                 import warnings
@@ -240,23 +237,6 @@ class _TracedLoops:
         before the loop) is the trace's loop-variable input, not a fixed one."""
         in_state = {id(t) for t in flat_state}
         return [t for t in _closure_tensors(function) if id(t) not in in_state]
-
-
-def _trace(function, inputs):
-    """`torch.jit.trace(function, inputs)`, without its warnings."""
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings():
-        # Keras converts Python numbers to tensors inside the loop; the
-        # tracer warns that those become constants, which they are.
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        # torch 2.10+ marks torch.jit.trace deprecated in favour of
-        # torch.compile, which is far slower to start (see the module's docstring).
-        warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated",
-                                DeprecationWarning)
-        return torch.jit.trace(function, inputs, check_trace=False)
 
 
 def _closure_tensors(function):

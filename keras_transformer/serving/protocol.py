@@ -17,6 +17,8 @@ uvicorn's h11 protocol with three changes:
 
 import json
 
+from keras_transformer import compat
+
 #: The most bytes of request line and headers (h11's bound on headers still
 #: arriving, applied to complete ones too).
 MAX_HEADER_BYTES = 16 * 1024
@@ -38,12 +40,11 @@ def protocol_class(header_timeout):
         header_timeout: Seconds for a client to send a request's headers.
 
     Returns:
-        A subclass of `uvicorn.protocols.http.h11_impl.H11Protocol`, for
-        `uvicorn.Config(http=...)`.
+        A subclass of uvicorn's h11 protocol (`keras_transformer.compat.h11_protocol`,
+        which names the uvicorn versions tested), for `uvicorn.Config(http=...)`.
     """
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    return type("Protocol", (_Hardened, H11Protocol), {"header_timeout": header_timeout})
+    return type("Protocol", (_Hardened, compat.h11_protocol()),
+                {"header_timeout": header_timeout})
 
 
 class _Hardened:

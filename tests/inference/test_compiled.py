@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import tiny_model
 
-from keras_transformer import backend
+from keras_transformer import backend, compat
 from keras_transformer.data.toy_tasks import ToyVocabulary
 from keras_transformer.inference import compiled
 
@@ -99,7 +99,7 @@ def test_a_failed_trace_warns_and_decodes_eagerly(monkeypatch):
     def failing_trace(function, inputs):
         raise RuntimeError("no tracer here")
 
-    monkeypatch.setattr(compiled, "_trace", failing_trace)
+    monkeypatch.setattr(compat, "torch_trace", failing_trace)
     monkeypatch.setattr(compiled, "_TRACE_FAILURES", [])
     other = tiny_model(seed=0)  # its own compiled search: nothing traced yet
     with pytest.warns(RuntimeWarning, match="no tracer here"):

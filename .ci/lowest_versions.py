@@ -15,8 +15,7 @@ environment, and a run without torch among `--backends` installs none. Too long 
 15 minutes beside the suite: docs/installation.md gives its last result and commit.
 
     python .ci/lowest_versions.py                       # every backend
-    python .ci/lowest_versions.py --python python3.10 --backends tensorflow,jax \
-        --instead keras==3.15.1        # Keras 3.14 has no release for Python 3.10
+    python .ci/lowest_versions.py --backends tensorflow,jax   # no torch installed
 """
 
 import argparse
@@ -28,9 +27,8 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
-
 import tomllib
+import urllib.request
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",

@@ -157,11 +157,8 @@ class StepCheckpoint(keras.callbacks.Callback):
 def backup_step(run_dir):
     """The optimizer step of the run's last backup (`RunBackup`), or None when it
     has none (a backup in Keras's own layout gives 0: it records no step)."""
-    backup = run_files.path(run_dir, run_files.BACKUP)
-    state = run_files.read_json(os.path.join(backup, RunBackup.STATE))
-    if state is not None:
-        return int(state.get("step", 0))
-    return 0 if os.path.exists(os.path.join(backup, RunBackup.KERAS_STATE)) else None
+    state = RunBackup(run_files.path(run_dir, run_files.BACKUP)).state()
+    return None if state is None else int(state.get("step", 0))
 
 
 class RunBackup(keras.callbacks.Callback):
@@ -173,12 +170,11 @@ class RunBackup(keras.callbacks.Callback):
     place) point at it; older windows are deleted after that. Whatever the
     moment of the kill, `state.json` names a complete file. When training
     begins the model loads it, and `windows_done` gives `fit` its
-    `initial_epoch`. The
-    backup is kept when training ends (a run given more steps trains on from
-    it), and nothing is written for a window with non-finite weights or one
-    the guard cut short. A backup that `keras.callbacks.BackupAndRestore`
-    wrote (runs from before: `latest.weights.h5`, `training_metadata.json`) is
-    still restored.
+    `initial_epoch`. The backup is kept when training ends (a run given more
+    steps trains on from it), and nothing is written for a window with
+    non-finite weights or one the guard cut short. A backup that
+    `keras.callbacks.BackupAndRestore` wrote (runs from before:
+    `latest.weights.h5`, `training_metadata.json`) is still restored.
 
     Args:
         backup_dir: The backup folder (`run_files.BACKUP`), restored from.

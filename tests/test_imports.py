@@ -10,9 +10,8 @@ the other does not. Their states must be equal, and so must TensorFlow's lines. 
 thing the modules add is what importing them is for: their layers, losses and schedules
 registered with Keras's serialization, so that saved models load.
 
-Runs under each backend, in its own pass, as `python -c`; and in one pass under the names
-of the project's command lines (`keras-transformer`, a benchmark script), which the
-import must not look at.
+Runs under each backend, in its own pass, as `python -c`; and in one pass under the name
+of the project's command line (`keras-transformer`), which the import must not look at.
 """
 
 import json
@@ -111,14 +110,12 @@ def run(first, program_name=None):
     return report, [word.split(":")[0] for word in native]
 
 
-# The names of the project's own command lines, which the library once recognised to
-# set up their process on import: it no longer looks (the entry points set themselves
-# up, keras_transformer_app). One backend's pass: the name does not depend on it.
+# The name of the project's command line, by which the library once recognised a
+# process to set up on import: it no longer looks (the entry points set themselves up,
+# keras_transformer_app). One backend's pass: the name does not depend on it.
 PROGRAM_NAMES = [pytest.param(None, id="python -c"),
                  pytest.param("keras-transformer", id="keras-transformer",
-                              marks=pytest.mark.once("torch")),
-                 pytest.param(os.path.join(REPOSITORY, "benchmarks", "decoding.py"),
-                              id="a benchmark script", marks=pytest.mark.once("torch"))]
+                              marks=pytest.mark.once("torch"))]
 
 
 @pytest.mark.parametrize("program_name", PROGRAM_NAMES)

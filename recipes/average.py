@@ -1,7 +1,7 @@
 """Checkpoint averaging (§6.1) as a command: writes one model whose weights are
 the mean of the given checkpoints. Same as `keras-transformer average`.
 
-    python -m recipes.average --run-dir runs/multi30k-de-en --last 5
+    python -m recipes.average --run-dir runs/multi30k-de-en --last 3 --output last3.keras
     python -m recipes.average a.keras b.keras --output averaged.keras
 """
 

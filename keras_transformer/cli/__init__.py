@@ -9,7 +9,7 @@ Translate, evaluate, plot, average, export and serve:
     keras-transformer plot positions --output plots/positions.png
     keras-transformer plot schedule --output plots/schedule.png
     keras-transformer plot training runs/multi30k-de-en runs/multi30k-en-de --steps-per-window 200
-    keras-transformer average --run-dir runs/multi30k-de-en --last 5
+    keras-transformer average --run-dir runs/multi30k-de-en --last 3 --output last3.keras
     keras-transformer export runs/quickstart saved_models/quickstart
     keras-transformer serve saved_models/quickstart --port 8501
 

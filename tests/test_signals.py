@@ -7,9 +7,9 @@ after the signal, never a Python traceback or an interpreter's fatal error, and 
 no file half-written: no temporary `.partial-*` file where it wrote, and every model
 file it left loadable. What is tested is the command lines' own handling, the same under
 every backend but for two places: the tests run in the PyTorch pass (under PyTorch,
-as under JAX, an export runs a TensorFlow process of its own, which a signal must stop
-too), but for training and translating, which run in the JAX pass: there a signal can
-come while a step copies JAX arrays to the host or while JAX's garbage-collector
+as under JAX, `export` runs itself again under TensorFlow in the same process, where the
+signal must reach it), but for training and translating, which run in the JAX pass:
+there a signal can come while a step copies JAX arrays to the host or while JAX's garbage-collector
 callback runs (keras_transformer/training/interruptions.py and cli/errors.py handle
 both; a SIGTERM once went unanswered there, under JAX only).
 """

@@ -135,9 +135,12 @@ class CTranslate2Model:
             a server's batch threads).
 
     Attributes:
+        engine: "ctranslate2", by which `Translator` knows it.
         config: The model's `TransformerConfig` (its limits and special ids).
         settings: The export's settings (`keras_transformer.json`).
     """
+
+    engine = "ctranslate2"
 
     def __init__(self, path, compute_type="default", intra_threads=0, inter_threads=1):
         validation.check_choice("compute_type", compute_type, COMPUTE_TYPES)
@@ -196,14 +199,22 @@ class CTranslate2Model:
         return found
 
     def _calls(self, tokens, limits, **options):
-        """`translate_batch` once per output limit (CTranslate2 takes one per call):
-        yields (rows, results)."""
-        by_limit = {}
-        for row, limit in enumerate(limits):
-            by_limit.setdefault(limit, []).append(row)
-        for limit, rows in by_limit.items():
-            yield rows, self._translator.translate_batch(
-                [tokens[row] for row in rows], **options, **self._limits(limit))
+        """`translate_batch` of every row in one call, at the longest of their output
+        limits (CTranslate2 takes one limit per call; §6.1's is each input's length +
+        `LENGTH_OFFSET`). A row whose hypotheses reach its own limit in that call is
+        searched again alone at its limit, so that a sentence translates as it does by
+        itself (a search that ends before a row's limit never meets it). Yields
+        (rows, results)."""
+        longest = max(limits)
+        results = self._translator.translate_batch(tokens, **options, **self._limits(longest))
+        again = {row for row, result in enumerate(results) if limits[row] < longest and (
+            not result.hypotheses
+            or max(len(hypothesis) for hypothesis in result.hypotheses) >= limits[row])}
+        kept = [row for row in range(len(tokens)) if row not in again]
+        yield kept, [results[row] for row in kept]
+        for row in sorted(again):
+            yield [row], self._translator.translate_batch(
+                [tokens[row]], **options, **self._limits(limits[row]))
 
     def _limits(self, limit):
         return dict(max_decoding_length=limit, min_decoding_length=0, max_input_length=0,

@@ -408,3 +408,46 @@ def test_command_line_translates_and_evaluates_an_export(trained, engines, tmp_p
             cli.main(["translate", *argv])
         assert exit_info.value.code == 2
         assert capsys.readouterr().err == f"error: {message}\n"
+
+
+@one_pass_only
+@pytest.mark.parametrize("weights", ["trained", "untrained"])
+def test_a_batch_of_different_lengths_is_one_call_and_answers_as_each_sentence_alone(
+        trained, engines, weights, tmp_path, monkeypatch):
+    """CTranslate2 takes one output limit per call, and §6.1's is each input's length +
+    50: the engine searches a batch of different lengths in one call at the longest
+    limit, and searches again alone each row whose hypotheses reach its own limit. The
+    trained model's translations end early (one call); an untrained model's run to the
+    limit (a call more per row that reached it). Either way each row's hypotheses are
+    those it gets alone (scores within float32 rounding: padding changes the sums)."""
+    if weights == "trained":
+        path = str(engines["base"] / "trained" / "1")
+    else:
+        keras.utils.set_random_seed(3)
+        config = kt.TransformerConfig.tiny(vocab_size=trained["tokenizer"].vocab_size)
+        tokenizer = trained["tokenizer"]
+        path = export_model(kt.Transformer(config), tokenizer, tokenizer, str(tmp_path))
+    model, tokenizer, _ = load_ctranslate2(path)
+    sources = [list(ids) for ids in tokenizer.tokenize(trained["sentences"][:8])]
+    assert len({len(ids) for ids in sources}) > 1
+    specials = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, beam_size=4, alpha=0.6,
+                    num_return=4)
+    alone = [model.search([ids], **specials)[0] for ids in sources]
+    calls = []
+    translate_batch = model._translator.translate_batch
+    monkeypatch.setattr(model, "_translator", type("Spy", (), {
+        "translate_batch": lambda self, tokens, **options: calls.append(
+            (len(tokens), options["max_decoding_length"])) or translate_batch(tokens, **options)
+    })())
+    together = model.search(sources, **specials)
+    assert [[ids for ids, _ in row] for row in together] == [
+        [ids for ids, _ in row] for row in alone]
+    assert [score for row in together for _, score in row] == pytest.approx(
+        [score for row in alone for _, score in row], rel=1e-5)
+    limits = [len(ids) + LENGTH_OFFSET for ids in sources]
+    assert calls[0] == (len(sources), max(limits))
+    reached = [row for row, hypotheses in enumerate(alone)
+               if max(len(ids) for ids, _ in hypotheses) >= limits[row]
+               and limits[row] < max(limits)]
+    assert calls[1:] == [(1, limits[row]) for row in reached]
+    assert bool(reached) == (weights == "untrained")

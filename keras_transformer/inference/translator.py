@@ -331,9 +331,9 @@ def _search_of(model):
     stream_ids, beam_size, alpha, max_output_length, num_return, sampling,
     return_alignment)`, giving each source's `num_return` (ids, score,
     alignment) hypotheses."""
-    from keras_transformer.inference.ctranslate2 import CTranslate2Model
-
-    if isinstance(model, CTranslate2Model):
+    # A CTranslate2 model says so (the program's `CTranslate2Model`, which this
+    # library does not import: its loader reads run directories).
+    if getattr(model, "engine", None) == "ctranslate2":
         return _CTranslate2Search(model)
     check_model(model)
     return _KerasSearch(model)

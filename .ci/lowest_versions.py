@@ -86,7 +86,7 @@ def install(work_dir, bounds, torch_version, interpreter, extras):
     frozen = subprocess.run([python, "-m", "pip", "freeze"], capture_output=True, text=True,
                             check=True).stdout.splitlines()
     watched = ("keras==", "tensorflow==", "tensorflow-text==", "keras-hub==", "keras-nlp==",
-               "jax==", "jaxlib==", "torch==", "numpy==", "uvicorn==", "starlette==",
+               "jax==", "jaxlib==", "torch==", "numpy==", "httptools==",
                "ctranslate2==", "prometheus-client==", "prometheus_client==")
     print("Installed: " + ", ".join(line for line in frozen if line.lower().startswith(watched)),
           flush=True)

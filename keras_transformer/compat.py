@@ -8,14 +8,9 @@ on; `tests/test_compat.py` fails when a release changes what it relies on.
   `torch.compile`, which the PyTorch search loops use (`keras_transformer.inference.compiled`):
   eager decoding runs several times slower and `torch.compile` takes minutes to start
   (docs/performance.md, "Decoding under PyTorch: traced loops"). Tested with torch 2.13.0.
-- `h11_protocol`: uvicorn's h11 HTTP protocol class,
-  `uvicorn.protocols.http.h11_impl.H11Protocol`, a module uvicorn does not document, which
-  the server subclasses (`keras_transformer.serving.protocol`) for what uvicorn's `Config`
-  does not offer: a timeout on a request's headers, a bound on headers that arrive whole, and
-  JSON errors for malformed HTTP. The subclass overrides `connection_made`, `data_received`,
-  `connection_lost` and `send_400_response`, and reads the protocol's `conn` (an
-  `h11.Connection`), `loop` and `transport`. The suite runs with uvicorn 0.54.0 (h11 0.16.0);
-  one request runs with uvicorn 0.30.0, the lowest allowed (`.ci/lowest_versions.py`).
+
+The server stands on asyncio and httptools' public parser API
+(`keras_transformer.serving.protocol`), with nothing of uvicorn's.
 """
 
 
@@ -32,9 +27,3 @@ def torch_trace(function, inputs):
         warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated", DeprecationWarning)
         return torch.jit.trace(function, inputs, check_trace=False)
 
-
-def h11_protocol():
-    """uvicorn's h11 protocol class, the base of `keras_transformer.serving.protocol`'s."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    return H11Protocol

@@ -9,7 +9,7 @@ under TF Serving's names:
 * `batching.py`: the *batching scheduler*, with TF Serving's batching parameters;
 * `metrics.py`: the Prometheus metrics;
 * `options.py`: the model server's options (port, limits, timeouts);
-* `protocol.py`: the HTTP/1.1 connection on uvicorn (header timeout, JSON errors);
+* `protocol.py`: HTTP/1.1 on asyncio and httptools (timeouts, bounds, JSON errors);
 * `server.py`: the model server and its REST API.
 
     keras-transformer serve saved_models/quickstart --port 8501

@@ -1,121 +1,462 @@
-"""The HTTP/1.1 connection of the built-in server: uvicorn's h11 protocol, hardened.
+"""The HTTP/1.1 side of the built-in server, on asyncio and httptools' public parser API (no
+paper section).
 
-TensorFlow Serving's REST API answers errors with a JSON `{"error": ...}`;
-this server does so for every client mistake, down to malformed HTTP, which
-uvicorn's own protocol answers in plain text. `protocol_class` returns
-uvicorn's h11 protocol with three changes:
+`HttpServer` listens on a bound socket and gives each client connection a
+`Connection` (an `asyncio.Protocol`) that parses requests with `httptools.HttpRequestParser`
+(llhttp, the parser of Node.js) and hands each complete request head to the application, an
+`async handler(request)` that returns `(status, headers, body)`. Requests on one connection
+are answered in order (pipelined ones wait, with reading paused). What a server facing the
+network needs is here, each answered as TensorFlow Serving's REST API answers errors, with a
+JSON `{"error": ...}` that closes the connection:
 
-* a header timeout: a client has `header_timeout` seconds to send a
-  request's headers, from when it connects or from the first bytes of a
-  later request on a keep-alive connection (408, or a plain close when it
-  never sent anything), so a slow client cannot hold a connection forever;
-* a bound on the request line and headers that also holds when they arrive
-  in one read (h11 bounds them only while they arrive in pieces);
-* malformed HTTP (a bad request line, over-long headers, broken chunked
-  framing) answered with a 400 JSON error.
+* malformed HTTP (a bad request line, broken chunked framing, a bad Content-Length, an
+  HTTP/1.1 request without Host): 400;
+* a bound on the request line and headers (`MAX_HEADER_BYTES`), whether they arrive in one
+  read or in many: 400;
+* a header timeout, from when a client connects or from the first byte of a later request on
+  a keep-alive connection: 408 (a plain close when nothing was sent);
+* a body timeout and a bound on the body, applied when the application reads it
+  (`Request.body`): 408, 413;
+* a bound on open connections: 503 with `Retry-After`;
+* a keep-alive timeout, after which an idle connection closes;
+* a graceful stop (`HttpServer.serve` returns once its `stop` future is done): the listening
+  socket closes, idle connections close, and every request whose head has arrived is
+  answered, for at most `graceful_seconds`.
 """
 
+import asyncio
+import email.utils
+import http
 import json
+import socket
+import time
+import urllib.parse
 
-from keras_transformer import compat
+import httptools
 
-#: The most bytes of request line and headers (h11's bound on headers still
-#: arriving, applied to complete ones too).
+#: The most bytes of request line and headers.
 MAX_HEADER_BYTES = 16 * 1024
-_REASONS = {400: "Bad Request", 408: "Request Timeout"}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_STATUS_LINES = {status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode("ascii")
+                 for status in http.HTTPStatus}
 
 
-def json_error_bytes(status, message):
-    """A complete HTTP/1.1 response `{"error": message}` that closes the connection."""
-    body = json.dumps({"error": message}).encode("utf-8")
-    reason = _REASONS.get(status, "Error")
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("ascii") + body
+class BodyError(Exception):
+    """The request body could not be read: `status` 400 (the connection ended or its
+    framing broke), 408 (too slow) or 413 (too large). The connection closes after the
+    answer."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
 
 
-def protocol_class(header_timeout):
-    """uvicorn's h11 protocol with a header timeout and JSON protocol errors.
+class Request:
+    """One request: `method` (str), `path` (percent-decoded, without the query) and
+    `headers` (lower-case names; repeated headers joined with ", "); `await body()`
+    reads the body."""
 
-    Args:
-        header_timeout: Seconds for a client to send a request's headers.
+    __slots__ = ("method", "path", "headers", "keep_alive", "_connection", "_chunks", "_size",
+                 "_complete", "_error", "_waiter", "_read")
 
-    Returns:
-        A subclass of uvicorn's h11 protocol (`keras_transformer.compat.h11_protocol`,
-        which names the uvicorn versions tested), for `uvicorn.Config(http=...)`.
-    """
-    return type("Protocol", (_Hardened, compat.h11_protocol()),
-                {"header_timeout": header_timeout})
+    def __init__(self, connection, method, path, headers, keep_alive):
+        self.method, self.path, self.headers = method, path, headers
+        self.keep_alive = keep_alive
+        self._connection = connection
+        self._chunks, self._size = [], 0
+        self._complete = False
+        self._error = None  # a BodyError, once the body cannot be read
+        self._waiter = None
+        self._read = False
+
+    @property
+    def complete(self):
+        """Whether the whole request, body included, has arrived."""
+        return self._complete
+
+    async def body(self):
+        """The whole body (bytes), once it has arrived.
+
+        Raises:
+            BodyError: the body exceeds the server's `max_body_bytes` (413), did not
+                arrive within its `body_timeout` (408), or the connection ended or broke
+                its framing before the body's end (400).
+        """
+        self._read = True
+        connection = self._connection
+        if not self._complete and self._error is None:
+            if self.headers.get("expect", "").lower() == "100-continue" and not self._size:
+                connection.write(_CONTINUE)
+            self._waiter = connection.loop.create_future()
+            timeout = connection.server.body_timeout
+            try:
+                await asyncio.wait_for(self._waiter, timeout)
+            except asyncio.TimeoutError:
+                self._fail(f"The request body did not arrive within {timeout:g} s.", 408)
+            finally:
+                self._waiter = None
+        if self._error is not None:
+            raise self._error
+        return b"".join(self._chunks)
+
+    def _append(self, data):
+        if self._error is not None:
+            return
+        self._size += len(data)
+        limit = self._connection.server.max_body_bytes
+        if self._size > limit:
+            self._chunks.clear()
+            self._fail(f"The request body exceeds {limit} bytes.", 413)
+        else:
+            self._chunks.append(data)
+
+    def _finish(self):
+        self._complete = True
+        self._wake()
+
+    def _fail(self, message, status):
+        if self._error is None:
+            self._error = BodyError(message, status)
+        self._wake()
+
+    def _wake(self):
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
-class _Hardened:
-    """What `protocol_class` adds to uvicorn's h11 protocol (its subclass's
-    `header_timeout` gives the timeout)."""
+class _Refused(Exception):
+    """Raised from a parser callback to stop the parser: the request is malformed
+    (`Connection._refusal` says why)."""
 
-    header_timeout = None
-    _header_timer = None
+
+class Connection(asyncio.Protocol):
+    """One client connection: parses its requests, runs the handler on each in turn, and
+    writes the answers (module docstring)."""
+
+    def __init__(self, server):
+        self.server = server
+        self.loop = server.loop
+        self.transport = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._refused = False  # over the bound on connections: each request gets 503
+        # The request being parsed: its URL pieces, headers and head size so far.
+        self._url = []
+        self._headers = []
+        self._head_size = 0
+        self._in_head = False
+        self._received_in_head = 0  # bytes read while a head is incomplete
+        self._completed = False  # a request's end was parsed in the current read
+        self._refusal = None  # why a parser callback refused the request
+        self._parsing = None  # the Request whose body is being parsed
+        self._active = None  # the Request being answered
+        self._waiting = []  # complete heads behind it (pipelined)
+        self._closing_error = None  # a 400 to send once the active request is answered
+        self._stopping = False
+        self._header_timer = None
+        self._idle_timer = None
+        self._write_paused = False
+
+    # asyncio.Protocol.
 
     def connection_made(self, transport):
-        super().connection_made(transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Without it, Nagle's algorithm holds a response's body until the client
+            # acknowledges its headers: a delayed ACK on every answer.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        server = self.server
+        self._refused = len(server.connections) >= server.max_connections
+        server.connections.add(self)
         self._arm_header_timer()
-        self.conn.next_event = _bounded(self.conn.next_event)
-
-    def data_received(self, data):
-        import h11
-
-        super().data_received(data)
-        if self.transport.is_closing():
-            return
-        if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
-            self._arm_header_timer()  # a request has begun; its headers are due
-        else:
-            self._disarm_header_timer()
 
     def connection_lost(self, exc):
-        self._disarm_header_timer()
-        super().connection_lost(exc)
+        self.server.connections.discard(self)
+        self._cancel_timers()
+        for request in (self._parsing, self._active):
+            if request is not None and not request.complete:
+                request._fail("The connection ended before the whole body arrived.", 400)
 
-    def send_400_response(self, msg):
-        # Malformed HTTP: answered in JSON like every other mistake.
+    def data_received(self, data):
+        if self._idle_timer is not None:  # a new request begins on a kept-alive connection
+            self._idle_timer.cancel()
+            self._idle_timer = None
+            self._arm_header_timer()
+        self._completed = False
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # An upgrade or CONNECT request: answered as any other, then the connection
+            # closes (this server speaks HTTP/1.1 only).
+            self._closing_error = False
+        except httptools.HttpParserCallbackError:
+            if self._refusal is None:
+                raise  # not ours: a fault of this module
+            self._malformed(self._refusal)
+            return
+        except httptools.HttpParserError as error:
+            self._malformed(str(error) or type(error).__name__)
+            return
+        # A head still incomplete: the bytes read since it began (a read that also ended
+        # a request is not counted, so the bound can be passed by at most one read).
+        if self._in_head and not self._completed:
+            self._received_in_head += len(data)
+            if self._received_in_head > MAX_HEADER_BYTES:
+                self._malformed(f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+
+    def pause_writing(self):
+        self._write_paused = True
+        self.transport.pause_reading()
+
+    def resume_writing(self):
+        self._write_paused = False
+        if not self._waiting:
+            self.transport.resume_reading()
+
+    # httptools' callbacks.
+
+    def on_message_begin(self):
+        self._url.clear()
+        self._headers = []
+        self._head_size = 0
+        self._in_head = True
+        self._received_in_head = 0
+
+    def on_url(self, url):
+        self._url.append(url)
+        self._count_head(len(url))
+
+    def on_header(self, name, value):
+        self._headers.append((name, value))
+        self._count_head(len(name) + len(value))
+
+    def on_headers_complete(self):
+        self._in_head = False
         self._disarm_header_timer()
-        self.transport.write(json_error_bytes(400, f"Malformed HTTP request: {msg}"))
+        parser = self._parser
+        version = parser.get_http_version()
+        headers = {}
+        for name, value in self._headers:
+            name = name.decode("latin-1").lower()
+            value = value.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        if version not in ("1.0", "1.1"):
+            self._refuse("no HTTP version" if version == "0.9"
+                         else f"HTTP/{version} is not served")
+        if version == "1.1" and "host" not in headers:
+            self._refuse("an HTTP/1.1 request without a Host header")
+        target = b"".join(self._url)
+        try:
+            path = target.partition(b"?")[0].decode("ascii")
+        except UnicodeDecodeError:  # httptools 0.9.0 refuses it itself; 0.6.0 passes it on
+            self._refuse("the request target is not ASCII")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        request = Request(self, parser.get_method().decode("ascii"), path, headers,
+                          parser.should_keep_alive())
+        self._parsing = request
+        if self._active is None:
+            self._start(request)
+        else:
+            self._waiting.append(request)
+            self.transport.pause_reading()
+
+    def on_body(self, body):
+        self._parsing._append(body)
+
+    def on_message_complete(self):
+        self._parsing._finish()
+        self._parsing = None
+        self._completed = True
+
+    # Requests and answers.
+
+    def _count_head(self, size):
+        self._head_size += size
+        if self._head_size > MAX_HEADER_BYTES:
+            self._refuse(f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
+
+    def _refuse(self, message):
+        self._refusal = message
+        raise _Refused(message)
+
+    def _start(self, request):
+        self._active = request
+        self.loop.create_task(self._answer(request))
+
+    async def _answer(self, request):
+        if self._refused:
+            status, headers, body = self.server.error_response(
+                503, f"This server holds at most {self.server.max_connections} open "
+                     "connections; retry later.")
+            headers.append(("retry-after", "1"))
+        else:
+            try:
+                status, headers, body = await self.server.handler(request)
+            except Exception:  # noqa: BLE001  the handler answers its own faults; a last guard
+                status, headers, body = self.server.error_response(500, "Internal server error.")
+        self._active = None
+        if self.transport.is_closing():  # the client went away: nothing more to answer
+            self._waiting.clear()
+            return
+        keep_alive = (request.keep_alive and request.complete and not self._refused
+                      and not self._stopping and self._closing_error is None
+                      and not request._error)
+        self._write_response(request, status, headers, body, keep_alive)
+        if not keep_alive:
+            self._close_after_answer()
+        elif self._waiting:
+            self._start(self._waiting.pop(0))
+            if not self._waiting and not self._write_paused:
+                self.transport.resume_reading()
+        else:
+            self._idle_timer = self.loop.call_later(self.server.keep_alive_timeout,
+                                                    self.transport.close)
+
+    def _write_response(self, request, status, headers, body, keep_alive):
+        lines = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Error\r\n".encode("ascii"),
+                 b"date: ", self.server.date(), b"\r\ncontent-length: ",
+                 str(len(body)).encode("ascii"), b"\r\n"]
+        for name, value in headers:
+            lines += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+        if not keep_alive:
+            lines.append(b"connection: close\r\n")
+        elif request.headers.get("connection", "").lower() == "keep-alive":
+            lines.append(b"connection: keep-alive\r\n")  # HTTP/1.0's keep-alive
+        lines.append(b"\r\n")
+        if request.method != "HEAD":
+            lines.append(body)
+        self.transport.write(b"".join(lines))
+
+    def _close_after_answer(self):
+        if self._closing_error:
+            self.transport.write(self._closing_error)
         self.transport.close()
+
+    def _malformed(self, message):
+        """Malformed HTTP: answered with a 400 JSON error, then the connection closes
+        (after the answer to the request before it, when that one was complete)."""
+        self._disarm_header_timer()
+        status, headers, body = self.server.error_response(
+            400, f"Malformed HTTP request: {message}")
+        answer = _response_bytes(status, headers, body)
+        parsing, self._parsing = self._parsing, None
+        if parsing is not None and not parsing.complete:
+            parsing._fail("The connection ended before the whole body arrived.", 400)
+        self._waiting.clear()
+        if self._active is not None and self._active is not parsing:
+            self._closing_error = answer  # the active request's answer comes first
+            self.transport.pause_reading()
+            return
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()
+
+    def write(self, data):
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def stop(self):
+        """The graceful stop: an idle connection closes now; a request whose head has
+        arrived is answered first."""
+        self._stopping = True
+        if self._active is None:
+            self.transport.close()
+
+    # Timers.
 
     def _arm_header_timer(self):
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+            self._header_timer = self.loop.call_later(self.server.header_timeout,
+                                                      self._headers_late)
 
     def _disarm_header_timer(self):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
+    def _cancel_timers(self):
+        self._disarm_header_timer()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
     def _headers_late(self):
-        import h11
-
         self._header_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+        if self.transport.is_closing() or self._active is not None:
             return
-        if self.conn.our_state is h11.IDLE and not self.conn.trailing_data[0]:
-            self.transport.close()  # connected, never sent anything: just close
-            return
-        if self.conn.our_state is h11.IDLE:
-            self.transport.write(json_error_bytes(
-                408, f"The request headers did not arrive within {self.header_timeout:g} s."))
-        self.transport.close()
+        if self._in_head:
+            status, headers, body = self.server.error_response(
+                408, f"The request headers did not arrive within "
+                     f"{self.server.header_timeout:g} s.")
+            self.transport.write(_response_bytes(status, headers, body))
+        self.transport.close()  # connected, never sent anything: just close
 
 
-def _bounded(next_event):
-    """h11's `next_event`, refusing a request whose request line and headers
-    exceed `MAX_HEADER_BYTES`: h11 limits headers only while they arrive in
-    pieces, and one read can bring a complete block of any size."""
-    import h11
+def _response_bytes(status, headers, body):
+    """A complete response that closes the connection."""
+    head = [_STATUS_LINES[status], f"content-length: {len(body)}\r\n".encode("ascii")]
+    head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers]
+    return b"".join(head) + b"connection: close\r\n\r\n" + body
 
-    def checked_next_event():
-        event = next_event()
-        if isinstance(event, h11.Request) and len(event.target) + sum(
-                len(name) + len(value) for name, value in event.headers) > MAX_HEADER_BYTES:
-            raise h11.RemoteProtocolError(
-                f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
-        return event
 
-    return checked_next_event
+class HttpServer:
+    """The connections of one listening socket.
+
+    Args:
+        handler: `async handler(request) -> (status, [(name, value)], body bytes)`; it
+            answers every request, errors included (a `BodyError` from `request.body()`
+            too).
+        max_connections: Open connections at once; each request on one more gets 503.
+        header_timeout: Seconds for a client to send a request's headers.
+        body_timeout: Seconds for a client to send a request's body.
+        keep_alive_timeout: Seconds an idle connection stays open.
+        max_body_bytes: The largest request body.
+    """
+
+    def __init__(self, handler, *, max_connections, header_timeout, body_timeout,
+                 keep_alive_timeout, max_body_bytes):
+        self.handler = handler
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.keep_alive_timeout = keep_alive_timeout
+        self.max_body_bytes = max_body_bytes
+        self.connections = set()
+        self.loop = None
+        self._date = (0, b"")
+
+    @staticmethod
+    def error_response(status, message):
+        """`(status, headers, body)` of a JSON `{"error": message}`."""
+        body = json.dumps({"error": message}, ensure_ascii=False).encode("utf-8")
+        return status, [("content-type", "application/json")], body
+
+    def date(self):
+        """The Date header's value, computed once a second."""
+        now = int(time.time())
+        if now != self._date[0]:
+            self._date = (now, email.utils.formatdate(now, usegmt=True).encode("ascii"))
+        return self._date[1]
+
+    async def serve(self, sock, backlog, stop, graceful_seconds, on_listening=None):
+        """Serves on `sock` (bound) until the future `stop` is done; then stops
+        gracefully and returns."""
+        self.loop = asyncio.get_running_loop()
+        listener = await self.loop.create_server(lambda: Connection(self), sock=sock,
+                                                 backlog=backlog)
+        if on_listening is not None:
+            on_listening()
+        try:
+            await stop
+        finally:
+            listener.close()
+            for connection in list(self.connections):
+                connection.stop()
+            deadline = self.loop.time() + graceful_seconds
+            while (any(c._active is not None for c in self.connections)
+                   and self.loop.time() < deadline):
+                await asyncio.sleep(0.01)
+            for connection in list(self.connections):
+                connection.transport.abort()
+            await listener.wait_closed()

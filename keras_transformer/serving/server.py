@@ -1,4 +1,4 @@
-"""The model server: TensorFlow Serving's REST API for one model, on uvicorn and starlette.
+"""The model server: TensorFlow Serving's REST API for one model, on asyncio and httptools.
 
 `TranslationServer` plays `tensorflow_model_server`: it binds the port, has
 the manager (`manager.py`) load, warm up and replace the versions, hands
@@ -11,10 +11,10 @@ the metrics (`metrics.py`), and answers TensorFlow Serving's REST routes
     POST /v1/models/NAME[/versions/V]:predict    {"instances": [...]} or {"inputs": [...]}
     GET  /monitoring/prometheus/metrics          Prometheus metrics
 
-uvicorn gives what a server facing the network needs: a listen backlog, a
-bound on open connections, keep-alive, header and body timeouts (a slow or
-idle client holds an idle coroutine, never a thread; the header timeout is
-in `protocol.py`), and a shutdown on SIGTERM that answers the requests in
+The HTTP/1.1 side (`protocol.py`) gives what a server facing the network
+needs: a listen backlog, a bound on open connections, keep-alive, header and
+body timeouts (a slow or idle client holds an idle connection object, never
+a thread), and a graceful stop on SIGTERM that answers the requests in
 flight. Requests in flight and the batch queue are bounded too (503 when
 full). Every client mistake, down to malformed HTTP, gets a 4xx JSON
 `{"error": ...}`; a server fault gets a 500 whose body does not describe
@@ -23,9 +23,9 @@ internals (the log has the traceback).
 
 import asyncio
 import json
-import logging
 import os
 import re
+import signal
 import socket
 import sys
 import threading
@@ -37,7 +37,7 @@ from keras_transformer.serving.batching import BatchScheduler, QueueFullError
 from keras_transformer.serving.manager import ModelManager
 from keras_transformer.serving.metrics import ServingMetrics
 from keras_transformer.serving.options import ServerOptions
-from keras_transformer.serving.protocol import protocol_class
+from keras_transformer.serving.protocol import BodyError, HttpServer
 from keras_transformer.serving.servable import (
     RequestError,
     Servable,
@@ -86,7 +86,15 @@ class TranslationServer:
         self._loaded = threading.Event()
         self._load_error = None
         self._socket = None
-        self._server = None
+        self._http = HttpServer(self.handle, max_connections=options.max_connections,
+                                header_timeout=options.header_timeout,
+                                body_timeout=options.body_timeout,
+                                keep_alive_timeout=options.keep_alive_timeout,
+                                max_body_bytes=options.max_body_bytes)
+        self._loop = None
+        self._previous_handlers = {}
+        self._stop = None  # the future whose result ends serving: the signal, or None
+        self._listening = threading.Event()
         self._thread = None
 
     # Lifecycle.
@@ -141,8 +149,7 @@ class TranslationServer:
         except Exception as error:  # noqa: BLE001  reported, and the server stops
             self._load_error = error
             self._log(f"Serving {self.name} failed: {type(error).__name__}: {error}")
-            if self._server is not None:
-                self._server.should_exit = True
+            self._request_stop(None)
         finally:
             self._loaded.set()
 
@@ -157,24 +164,12 @@ class TranslationServer:
         threading.Thread(target=self._load_first_version, name="load", daemon=True).start()
 
     def _bind(self):
-        import uvicorn
-
         family = socket.AF_INET6 if ":" in self.options.host else socket.AF_INET
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that
-        # say so. Without it, Nagle's algorithm holds a response's body until
-        # the client acknowledges its headers, a delayed ACK on every answer.
-        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((self.options.host, self.options.port))
-        config = uvicorn.Config(
-            self.app, http=protocol_class(self.options.header_timeout), lifespan="off",
-            interface="asgi3", proxy_headers=False, server_header=False,
-            access_log=False, log_level="warning", backlog=self.options.backlog,
-            limit_concurrency=self.options.max_connections,
-            timeout_keep_alive=self.options.keep_alive_timeout,
-            timeout_graceful_shutdown=self.options.graceful_shutdown_seconds,
-        )
-        self._server = _graceful_server_class()(config)
+        # Connections queue from now on, while the event loop starts.
+        self._socket.listen(self.options.backlog)
 
     @property
     def port(self):
@@ -190,24 +185,68 @@ class TranslationServer:
         thread); then answers the requests in flight and returns the signal
         that stopped it (`signal.SIGTERM` or `signal.SIGINT`)."""
         self._bind_and_load(announce=True)
+        self._previous_handlers = {number: signal.getsignal(number)
+                                   for number in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self._server.run(sockets=[self._socket])
+            return asyncio.run(self._serve(handle_signals=True))
         finally:
+            self._restore_signal_handlers()
             self._stop_backend()
-        if self._load_error is not None:
-            raise self._load_error
-        return self._server.exit_signal
+            if self._load_error is not None:
+                raise self._load_error
 
     def start(self):
         """Starts serving on a background thread (no signal handling); returns
         once the port is bound. Loading goes on in the background."""
         self._bind_and_load()
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._socket]}, daemon=True)
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),),
+                                        name="serve", daemon=True)
         self._thread.start()
-        while not self._server.started and self._thread.is_alive():
-            time.sleep(0.01)
+        while not self._listening.wait(0.01) and self._thread.is_alive():
+            pass
         return self
+
+    async def _serve(self, handle_signals=False):
+        """Serves until `_request_stop`; returns the signal that stopped it, if any."""
+        loop = asyncio.get_running_loop()
+        self._stop = loop.create_future()
+        self._loop = loop  # after _stop: `_request_stop` reads them in this order
+        if handle_signals:
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._loop.add_signal_handler(number, self._stop_on_signal, number)
+        if self._load_error is not None:  # the load failed before the loop ran
+            self._stop.set_result(None)
+        await self._http.serve(self._socket, self.options.backlog, self._stop,
+                               self.options.graceful_shutdown_seconds,
+                               on_listening=self._listening.set)
+        return self._stop.result()
+
+    def _stop_on_signal(self, number):
+        """The first SIGTERM or SIGINT stops gracefully; a second one meets the handlers
+        that were there before `serve_forever` (the default ones end the process)."""
+        for each in (signal.SIGINT, signal.SIGTERM):
+            self._loop.remove_signal_handler(each)
+        self._restore_signal_handlers()
+        self._request_stop(signal.Signals(number))
+
+    def _restore_signal_handlers(self):
+        for number, handler in self._previous_handlers.items():
+            signal.signal(number, handler)
+
+    def _request_stop(self, result):
+        """Ends serving (from any thread): `result` is what `_serve` returns."""
+        loop, stop = self._loop, self._stop
+        if loop is None or loop.is_closed():
+            return
+
+        def set_result():
+            if not stop.done():
+                stop.set_result(result)
+
+        try:
+            loop.call_soon_threadsafe(set_result)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
 
     def wait_until_available(self, timeout=None):
         """Blocks until the first version is AVAILABLE; raises what its load raised."""
@@ -218,7 +257,7 @@ class TranslationServer:
 
     def shutdown(self):
         """Stops a server started with `start()`, answering requests in flight."""
-        self._server.should_exit = True
+        self._request_stop(None)
         self._thread.join()
         self._stop_backend()
 
@@ -226,55 +265,44 @@ class TranslationServer:
         self.manager.stop()
         self.scheduler.stop()
 
-    # The ASGI application.
+    # The REST API.
 
-    async def app(self, scope, receive, send):
-        if scope["type"] != "http":
-            return
-        from starlette.requests import Request
-
-        request = Request(scope, receive)
+    async def handle(self, request):
+        """Answers one request (a `protocol.Request`): `(status, headers, body)`."""
         start = time.perf_counter()
         signature = None
+        headers = []
         try:
-            status, payload, headers = await self._route(request)
+            status, payload, content_type = await self._route(request)
             if isinstance(payload, tuple):  # (signature, response) of a predict
                 signature, payload = payload
         except RequestError as error:
-            status, payload, headers = error.status, {"error": str(error)}, {}
-            if isinstance(error, _Closing) or _unread_body(request):
-                # A body left unread would hold the connection, with no
-                # timeout running, for as long as the client trickles it.
-                headers["connection"] = "close"
+            status, payload, content_type = error.status, {"error": str(error)}, None
             if status == 503:
-                headers["retry-after"] = "1"
+                headers.append(("retry-after", "1"))
         except Exception:  # noqa: BLE001  a server fault: log it, say nothing of internals
             self._log("Internal error:\n" + traceback.format_exc())
-            status, payload, headers = 500, {"error": "Internal server error; the server's "
-                                                      "log has the details."}, {}
-        await self._send(send, status, payload, headers)
+            status, payload, content_type = 500, {"error": "Internal server error; the "
+                                                           "server's log has the details."}, None
+        if content_type is None:
+            body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+            content_type = "application/json"
+        else:
+            body = payload
+        headers.insert(0, ("content-type", content_type))
         self.metrics.requests.labels(self.name, str(status)).inc()
         if signature is not None:
             self.metrics.latency.labels(self.name, signature).observe(
                 time.perf_counter() - start)
-
-    async def _send(self, send, status, payload, headers):
-        if isinstance(payload, bytes):
-            body, content_type = payload, headers.pop("content-type")
-        else:
-            body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-            content_type = "application/json"
-        raw = [(b"content-type", content_type.encode()),
-               (b"content-length", str(len(body)).encode())]
-        raw += [(k.encode(), v.encode()) for k, v in headers.items()]
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": body})
+        return status, headers, body
 
     async def _route(self, request):
-        path, method = request.url.path, request.method
+        """`(status, payload, content type)`: a payload of JSON, content type None, or
+        bytes of the content type."""
+        path, method = request.path, request.method
         if path == "/monitoring/prometheus/metrics":
             _allow(method, "GET")
-            return 200, self.metrics.exposition(), {"content-type": self.metrics.content_type}
+            return 200, self.metrics.exposition(), self.metrics.content_type
         prefix = f"/v1/models/{self.name}"
         match = _MODEL_PATH.fullmatch(path)
         if match is None or match["name"] != self.name:
@@ -288,12 +316,12 @@ class TranslationServer:
             version = int(version)
         if match["rest"] is None:
             _allow(method, "GET")
-            return 200, self._status(version), {}
+            return 200, self._status(version), None
         if match["rest"] == "/metadata":
             _allow(method, "GET")
             servable = self._servable(version)
             return 200, {"model_spec": {"name": self.name, "version": str(servable.version)},
-                         "metadata": servable.metadata}, {}
+                         "metadata": servable.metadata}, None
         _allow(method, "POST")
         return await self._predict(request, version)
 
@@ -344,67 +372,18 @@ class TranslationServer:
             raise RequestError(str(error), 503) from None
         finally:
             self._in_flight -= 1
-        return 200, (predict.signature, format_response(predict, results)), {}
+        return 200, (predict.signature, format_response(predict, results)), None
 
     async def _read_body(self, request):
         limit = self.options.max_body_bytes
-        length = request.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise _Closing(f"Content-Length {length[:40]!r} is not a number.", 400)
-            if int(length) > limit:
-                raise _Closing(f"The request body has {length} bytes; this server takes at "
+        length = request.headers.get("content-length")  # the parser has checked it
+        if length is not None and int(length) > limit:
+            raise RequestError(f"The request body has {length} bytes; this server takes at "
                                f"most {limit}.", 413)
-
-        request.state.body_read = True
-
-        async def read():
-            chunks, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise _Closing(f"The request body exceeds {limit} bytes.", 413)
-                chunks.append(chunk)
-            return b"".join(chunks)
-
-        from starlette.requests import ClientDisconnect
-
         try:
-            return await asyncio.wait_for(read(), self.options.body_timeout)
-        except ClientDisconnect:  # broken framing, or the client went away
-            raise _Closing("The connection ended before the whole body arrived.", 400) from None
-        except asyncio.TimeoutError:
-            raise _Closing(f"The request body did not arrive within "
-                           f"{self.options.body_timeout:g} s.", 408) from None
-
-
-def _graceful_server_class():
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """uvicorn's server, except that after a graceful shutdown on SIGTERM
-        or SIGINT it returns, the signal in `exit_signal` (so that the batch
-        threads stop cleanly before the command line ends with the signal's
-        status), instead of raising the signal again."""
-
-        exit_signal = None
-
-        def handle_exit(self, sig, frame):
-            super().handle_exit(sig, frame)
-            self._captured_signals.clear()
-            self.exit_signal = sig
-
-    return GracefulServer
-
-
-class _Closing(RequestError):
-    """A mistake after which the connection closes (its body is not read)."""
-
-
-def _unread_body(request):
-    headers = request.headers
-    has_body = "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
-    return has_body and not getattr(request.state, "body_read", False)
+            return await request.body()
+        except BodyError as error:
+            raise RequestError(str(error), error.status) from None
 
 
 def _allow(method, allowed):
@@ -419,5 +398,4 @@ def _reject_constant(name):
 def serve(base_path, options=ServerOptions()):
     """Serves until SIGTERM or Ctrl-C (blocking); returns the signal that
     stopped the server."""
-    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     return TranslationServer(base_path, options).serve_forever()

@@ -122,8 +122,8 @@ def test_scheduler_splits_a_large_task_and_reassembles_it_in_order():
 
 
 def test_scheduler_drops_a_cancelled_task_and_keeps_serving():
-    # At shutdown, uvicorn cancels the requests still waiting: their futures
-    # are cancelled while queued, and the worker must live on.
+    # At shutdown, the event loop cancels the requests still waiting: their
+    # futures are cancelled while queued, and the worker must live on.
     servable = FakeServable()
     scheduler, first = held_scheduler(servable, max_batch_size=8, batch_timeout_micros=0)
     try:

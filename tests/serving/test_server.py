@@ -390,7 +390,7 @@ MALFORMED = [
     ("unsupported Transfer-Encoding",
      http("POST", PREDICT, b"{}", headers=("Transfer-Encoding: gzip",), content_length=False),
      400, "Malformed HTTP request"),
-    # Over 16 KiB of headers that have not ended (h11's limit on an
+    # Over 16 KiB of headers that have not ended (the server's bound on an
     # incomplete request head).
     ("20 KB header",
      f"POST {PREDICT} HTTP/1.1\r\nHost: {HOST}\r\nX-Padding: ".encode() + b"a" * 20_000, 400,

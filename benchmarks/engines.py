@@ -22,7 +22,14 @@ run on the same machine as the server and take CPU from it. Goal (issue 54):
 CTranslate2 int8 at >= 3x the SavedModel's sentences/s at 32 clients, with no failed
 request at 64. A full run takes about 20 minutes on a 2-core CPU.
 
+`--baseline CHECKOUT` also serves each export with the server of another checkout (a
+git worktree of an earlier commit), right after this checkout's server, so that a
+change to the server is measured against the code before it in the same run: its rows
+are marked with that checkout's commit, and "× baseline at 32" compares the two.
+
     TF_CPP_MIN_LOG_LEVEL=3 python benchmarks/engines.py --alpha multi30k=0.8
+    git worktree add /tmp/before HEAD~1
+    python benchmarks/engines.py --model quickstart=runs/quickstart --baseline /tmp/before
     python benchmarks/engines.py --quick --model tiny=RUN_DIR   # a smoke run, figures meaningless
 """
 
@@ -71,6 +78,11 @@ def build_parser():
                         help="seconds for one load configuration")
     parser.add_argument("--startup-timeout", type=float, default=600,
                         help="seconds for a server to become AVAILABLE")
+    parser.add_argument("--max-batch-size", type=int,
+                        help="the servers' --max-batch-size (default: the server's own)")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also serve each export with this checkout's server (a git "
+                             "worktree), for a side-by-side comparison")
     parser.add_argument("--quick", action="store_true",
                         help="few requests, one round, 100 test sentences (figures meaningless)")
     parser.add_argument("--output", help="also write the figures to this JSON file")
@@ -103,6 +115,10 @@ def parse_args(argv=None):
     for name, run_dir in args.models.items():
         if not os.path.isdir(run_dir):
             parser.error(f"--model {name}={run_dir}: no such run directory (train it first)")
+    if args.baseline is not None:
+        args.baseline = os.path.abspath(args.baseline)
+        if not os.path.isdir(os.path.join(args.baseline, "keras_transformer")):
+            parser.error(f"--baseline {args.baseline}: not a checkout of this project")
     args.compute_types = [c for c in args.compute_types.split(",") if c]
     args.concurrency = CONCURRENCY
     if args.quick:
@@ -158,14 +174,20 @@ def served_bleu(server, sources, references):
             "failed": failed}
 
 
-def measure(args, name, base, flags, label, test):
-    """One engine: a fresh server, its load table and its test BLEU."""
-    server = ServerProcess(base, ["--enable-batching", *flags], args.startup_timeout)
+def measure(args, name, base, flags, label, test, checkout=None, server_commit=None):
+    """One engine: a fresh server (of `checkout`, if given), its load table and its
+    test BLEU."""
+    if args.max_batch_size is not None:
+        flags = [*flags, "--max-batch-size", str(args.max_batch_size)]
+    server = ServerProcess(base, ["--enable-batching", *flags], args.startup_timeout,
+                           checkout=checkout)
     server.__enter__()
     try:
         available = server.wait_until_available()
+        label = label if checkout is None else f"{label} ({server_commit} server)"
         common.progress(f"{name}, {label}: AVAILABLE {available:.1f} s after process start")
-        row = {"model": name, "engine": label, "available_s": available}
+        row = {"model": name, "engine": label.split(" (")[0], "available_s": available,
+               "server": server_commit}
         bodies = [json.dumps({"instances": [s]}) for s in args.sentences]
         row["load"] = load_table(server, bodies, args, float("inf"), label)
         if test is not None:
@@ -193,24 +215,40 @@ def engines_of(args, folder, name, run_dir):
     return engines
 
 
+def _rate_at_32(row):
+    return {r["clients"]: r["sentences_per_s"] for r in row["load"]}.get(32)
+
+
+def _ratio(row, other):
+    base = None if other is None else _rate_at_32(other)
+    rate = _rate_at_32(row)
+    return f"{rate / base:.2f}" if rate and base else "—"
+
+
 def markdown(rows, command, commit):
-    """The side-by-side table."""
+    """The side-by-side table: each row's rate at 32 clients against the SavedModel
+    behind the same server, and against the same engine behind the baseline's server."""
     lines = [f"commit `{commit}`, `{command}`", "",
-             "| model | engine | " + " | ".join(f"{c} clients" for c in CONCURRENCY)
-             + " | × SavedModel at 32 | failed at 64 | BLEU cased / lower-cased |",
-             "| --- | --- | " + " | ".join("---" for _ in CONCURRENCY) + " | --- | --- | --- |"]
+             "| model | engine | server | " + " | ".join(f"{c} clients" for c in CONCURRENCY)
+             + " | × SavedModel at 32 | × baseline at 32 | failed at 64 "
+               "| BLEU cased / lower-cased |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in CONCURRENCY)
+             + " | --- | --- | --- | --- |"]
     for row in rows:
         rates = {r["clients"]: r["sentences_per_s"] for r in row["load"]}
         failed = {r["clients"]: r["failed_all_rounds"] for r in row["load"]}
-        baseline = next(r for r in rows if r["model"] == row["model"]
-                        and r["engine"] == "SavedModel")
-        base_rate = {r["clients"]: r["sentences_per_s"] for r in baseline["load"]}.get(32)
-        ratio = rates.get(32, float("nan")) / base_rate if base_rate else float("nan")
+        server = row.get("server")
+        saved_model = next((r for r in rows if r["model"] == row["model"]
+                            and r["engine"] == "SavedModel" and r.get("server") == server), None)
+        baseline = None if server is not None else next(
+            (r for r in rows if r["model"] == row["model"] and r["engine"] == row["engine"]
+             and r.get("server") is not None), None)
         bleu = row.get("bleu")
         lines.append(
-            f"| {row['model']} | {row['engine']} | "
+            f"| {row['model']} | {row['engine']} | {server or commit} | "
             + " | ".join(f"{rates[c]:,.0f}" if c in rates else "—" for c in CONCURRENCY)
-            + f" | {ratio:.2f} | {failed.get(64, '—')} | "
+            + f" | {_ratio(row, saved_model)} | {_ratio(row, baseline)} "
+              f"| {failed.get(64, '—')} | "
             + (f"{bleu['cased']:.2f} / {bleu['lowercase']:.2f}" if bleu else "—") + " |")
     return "\n".join(lines)
 
@@ -219,6 +257,8 @@ def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
     results = {"machine": common.machine(), "commit": git_commit(), "rows": []}
+    if args.baseline is not None:
+        results["baseline"] = git_commit(args.baseline)
     with tempfile.TemporaryDirectory(prefix="engines-") as folder:
         for name, run_dir in args.models.items():
             test = test_set(args, name)
@@ -230,6 +270,9 @@ def main(argv=None):
                 args.sentences = test[0]
             for label, base, flags in engines_of(args, folder, name, os.path.abspath(run_dir)):
                 results["rows"].append(measure(args, name, base, flags, label, test))
+                if args.baseline is not None:
+                    results["rows"].append(measure(args, name, base, flags, label, test,
+                                                   args.baseline, results["baseline"]))
     results["seconds"] = time.perf_counter() - start
     command = common.command_line("engines.py", argv)
     print()

@@ -270,10 +270,10 @@ def start_server(args, flags, label):
     return server, info
 
 
-def git_commit():
-    """The repository's short commit, marked when the server's code has changes."""
+def git_commit(checkout=common.REPOSITORY):
+    """The checkout's short commit, marked when the server's code has changes."""
     def git(*arguments):
-        return subprocess.run(["git", *arguments], cwd=common.REPOSITORY, capture_output=True,
+        return subprocess.run(["git", *arguments], cwd=checkout, capture_output=True,
                               text=True, check=False).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"

@@ -58,10 +58,13 @@ def rss_mb(pid):
 class ServerProcess:
     """`keras-transformer serve` in a subprocess, bound to 127.0.0.1 on a free port."""
 
-    def __init__(self, base_path, flags, startup_timeout):
+    def __init__(self, base_path, flags, startup_timeout, checkout=None):
+        """`checkout`: the root of another checkout (a git worktree) whose code serves,
+        instead of this repository's."""
         self.command = [sys.executable, "-m", "keras_transformer_app", "serve", base_path,
                         "--host", HOST, "--port", "0", *flags]
         self.startup_timeout = startup_timeout
+        self.checkout = checkout
         self.lines = []
         self.port = None
         self.name = None
@@ -71,8 +74,12 @@ class ServerProcess:
 
     def __enter__(self):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
+        if self.checkout is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.checkout,
+                                                              env.get("PYTHONPATH")]))
         self.started = time.perf_counter()
-        self.process = subprocess.Popen(self.command, cwd=common.REPOSITORY, env=env,
+        self.process = subprocess.Popen(self.command, cwd=self.checkout or common.REPOSITORY,
+                                        env=env,
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True, errors="replace")
         threading.Thread(target=self._read_log, daemon=True).start()

@@ -22,6 +22,7 @@ internals (the log has the traceback).
 """
 
 import asyncio
+import errno
 import json
 import os
 import re
@@ -167,7 +168,14 @@ class TranslationServer:
         family = socket.AF_INET6 if ":" in self.options.host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((self.options.host, self.options.port))
+        try:
+            self._socket.bind((self.options.host, self.options.port))
+        except OSError as error:
+            self._socket.close()
+            address = f"{self.options.host}:{self.options.port}"
+            hint = ("; another server holds it: pick another --port, or 0 for a free one"
+                    if error.errno == errno.EADDRINUSE else "")
+            raise OSError(f"Cannot listen on {address}: {error.strerror}{hint}.") from None
         # Connections queue from now on, while the event loop starts.
         self._socket.listen(self.options.backlog)
 

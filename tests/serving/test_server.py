@@ -508,6 +508,16 @@ def test_chunked_body_is_read(server):
     assert (response.status, json.loads(response.body)) == (200, server.good)
 
 
+def test_a_port_in_use_is_named_in_the_error(model):
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"Cannot listen on {HOST}:{port}: Address already "
+                                          "in use; another server holds it"):
+            start_server(model.base, [], port=port)
+
+
 def test_a_full_queue_is_answered_503_with_retry_after(server, monkeypatch):
     def full(*args):
         raise QueueFullError("The batch queue is full (test); retry later.")

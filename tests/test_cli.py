@@ -287,6 +287,23 @@ def test_evaluate_writes_hypotheses_and_reports_bleu(run_dir, tmp_path, capsys):
 
 
 @command_line_only
+@pytest.mark.parametrize("flag", ["--reference", "--source"])
+def test_evaluate_refuses_an_output_that_is_its_input(run_dir, tmp_path, flag, capsys):
+    files = {"--source": tmp_path / "test.src", "--reference": tmp_path / "test.ref"}
+    files["--source"].write_text("kave tomi\n")
+    files["--reference"].write_text("foko pude\n")
+    # The same file under another name: through a symbolic link.
+    (tmp_path / "link").symlink_to(files[flag])
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["evaluate", str(run_dir / "model.keras"), "--source", str(files["--source"]),
+                  "--reference", str(files["--reference"]), "--output", str(tmp_path / "link")])
+    assert raised.value.code != 0
+    assert f"is the {flag} file" in capsys.readouterr().err
+    assert files["--source"].read_text() == "kave tomi\n"
+    assert files["--reference"].read_text() == "foko pude\n"
+
+
+@command_line_only
 def test_plot_commands_write_pngs(run_dir, tmp_path):
     cli.main(["plot", "positions", "--output", str(tmp_path / "pe.png"), "--length", "50",
               "--d-model", "64"])

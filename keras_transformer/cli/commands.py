@@ -63,6 +63,11 @@ def evaluate(args):
     from keras_transformer import evaluation
     from keras_transformer.data.corpora import read_parallel
 
+    if args.output is not None:
+        for flag, path in (("--source", args.source), ("--reference", args.reference)):
+            if os.path.realpath(args.output) == os.path.realpath(path):
+                raise ValueError(f"--output {args.output} is the {flag} file: the hypotheses "
+                                 "would replace it. Write them to another file.")
     corpus = read_parallel(args.source, args.reference)
     sources, references = corpus.sources[: args.limit], corpus.targets[: args.limit]
     result = evaluation.evaluate(

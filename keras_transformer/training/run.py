@@ -210,7 +210,7 @@ def _sized_config(config, options, tokenizer_pair):
     if config.max_length < options.max_sentence_length:
         raise ValueError(
             f"The model's max_length={config.max_length} is below max_sentence_length="
-            f"{options.max_sentence_length}: raise max_length or lower max_sentence_length.")
+            f"{options.max_sentence_length}: raise the first or lower the second.")
     return config
 
 
@@ -307,8 +307,8 @@ def _after_training(record, options, model, tokenizer_pair, validation, test):
     if options.export_dir and "exported" not in record:
         record.finish("exported", saved_model=_export(options))
     if record.phases == record.done_before:
-        print(f"Nothing left to do: {record.path} records every phase (evaluate_only "
-              "scores the run again; a larger steps trains on).")
+        print(f"Nothing left to do: {record.path} records every phase (--evaluate-only "
+              "scores the run again; a larger --steps trains on).")
     return record.results
 
 

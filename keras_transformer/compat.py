@@ -9,6 +9,20 @@ on; `tests/test_compat.py` fails when a release changes what it relies on.
   eager decoding runs several times slower and `torch.compile` takes minutes to start
   (docs/performance.md, "Decoding under PyTorch: traced loops"). Tested with torch 2.13.0.
 
+- `jax_variable_values`, `refill_jax_variables`: a Keras variable's `_value`, which Keras's
+  JAX trainer empties while `fit`, `evaluate` or `predict` runs and fills again when it ends
+  (`keras_transformer.id_checks.variables_kept_on_error` puts back what an error before the
+  first step left empty; Keras offers no public way to tell an emptied variable). Tested with
+  keras 3.15.1 and 3.14.0.
+- `name_sentencepiece_resource`: keras-hub's `SentencePieceTokenizer._sentence_piece`, a
+  tf-text `SentencepieceTokenizer`, and tf-text's `_SentencepieceModelResource` (its `_model`,
+  `_name` and `_create_resource`), to give the model resource a name of its content: unnamed,
+  a loaded SavedModel with a source and a target tokenizer made them one
+  (`keras_transformer.tokenizers`). Tested with keras-hub 0.32.0 and tensorflow-text 2.21.1.
+- `parser_actions`: argparse's `ArgumentParser._actions` and `_SubParsersAction`, to walk the
+  options of a parser and its subcommands (flag names in error messages, path checks of the
+  command line); argparse has no public listing. Tested with Python 3.11.7.
+
 The server stands on asyncio and httptools' public parser API
 (`keras_transformer.serving.protocol`), with nothing of uvicorn's.
 """
@@ -27,3 +41,42 @@ def torch_trace(function, inputs):
         warnings.filterwarnings("ignore", "`torch.jit.trace` is deprecated", DeprecationWarning)
         return torch.jit.trace(function, inputs, check_trace=False)
 
+
+
+def jax_variable_values(variables):
+    """`[(variable, value)]`: each Keras variable with the value it holds now (under JAX,
+    an immutable array: no copy), or None where Keras's trainer has emptied it."""
+    return [(variable, variable._value) for variable in variables]
+
+
+def refill_jax_variables(values):
+    """Puts back the value of each variable of `jax_variable_values` that is empty now."""
+    for variable, value in values:
+        if variable._value is None:
+            variable._value = value
+
+
+def name_sentencepiece_resource(layer):
+    """Names the tf-text model resource of keras-hub's SentencePiece `layer` by its
+    sha256, so that two tokenizers' resources in one SavedModel stay two."""
+    import hashlib
+
+    from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text
+
+    class ContentNamedResource(tf_text._SentencepieceModelResource):
+        def _create_resource(self):
+            name = "sentencepiece_" + hashlib.sha256(self._model).hexdigest()
+            return tf_text.gen_sentencepiece_tokenizer.sentencepiece_op(
+                model=self._model, shared_name=name)
+
+    unnamed = layer._sentence_piece._model_resource
+    layer._sentence_piece._model_resource = ContentNamedResource(unnamed._model, unnamed._name)
+
+
+def parser_actions(parser):
+    """`[(action, subparsers)]` of an `argparse.ArgumentParser`: each of its actions, with
+    `{command: parser}` for the action of its subcommands and None for any other."""
+    import argparse
+
+    return [(action, action.choices if isinstance(action, argparse._SubParsersAction)
+             else None) for action in parser._actions]

@@ -15,6 +15,8 @@ puts them back.
 import keras
 import numpy as np
 
+from keras_transformer import compat
+
 
 def check_numpy_ids(ids, name, vocab_size):
     """Raises a ValueError for NumPy `ids` that are not integers or lie
@@ -171,14 +173,12 @@ class variables_kept_on_error:
                 if not optimizer.built:  # as Keras would, before it empties them
                     optimizer.build(self.model.trainable_variables)
                 variables += list(optimizer.variables)
-            self.values = [(v, v._value) for v in variables]
+            self.values = compat.jax_variable_values(variables)
         return self
 
     def __exit__(self, kind, error, traceback):
         if error is not None:
-            for variable, value in self.values:
-                if variable._value is None:
-                    variable._value = value
+            compat.refill_jax_variables(self.values)
         self.values = []
         return False
 

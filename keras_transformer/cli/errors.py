@@ -141,10 +141,12 @@ def option_flags(parser):
     (`beam_size` → `--beam-size`)."""
     import argparse
 
+    from keras_transformer import compat
+
     flags = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for subparser in action.choices.values():
+    for action, subparsers in compat.parser_actions(parser):
+        if subparsers is not None:
+            for subparser in subparsers.values():
                 flags.update(option_flags(subparser))
         elif action.option_strings and action.dest not in ("help", argparse.SUPPRESS):
             flags.setdefault(action.dest, max(action.option_strings, key=len))

@@ -15,6 +15,8 @@ anywhere (`tests/test_doc_commands.py`).
 import argparse
 import os
 
+from keras_transformer import compat
+
 NATIVE_LOGS_HELP = ("show the native libraries' log lines (TensorFlow's, absl's, "
                     "SentencePiece's; hidden by default)")
 
@@ -212,9 +214,9 @@ def check_paths(parser, args):
 
 def _actions(parser, args):
     """The actions of `parser` and of the subcommands `args` chose."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            chosen = action.choices.get(getattr(args, action.dest, None))
+    for action, subparsers in compat.parser_actions(parser):
+        if subparsers is not None:
+            chosen = subparsers.get(getattr(args, action.dest, None))
             if chosen is not None:
                 yield from _actions(chosen, args)
         else:

@@ -29,6 +29,7 @@ import json
 import os
 import re
 
+from keras_transformer import compat
 from keras_transformer.tokenizers.sentencepiece_trainer import sentence_piece_proto
 from keras_transformer.validation import check_choice, check_positive_int
 from keras_transformer_app.logs import hidden_native_lines
@@ -85,7 +86,7 @@ class SubwordTokenizer:
         self._sentencepiece = None
         if kind == "sentencepiece":
             self.layer = keras_hub.tokenizers.SentencePieceTokenizer(proto=vocabulary)
-            _name_the_model_resource(self.layer)
+            compat.name_sentencepiece_resource(self.layer)
             pieces = self.layer.get_vocabulary()
             if pieces[:4] != ["<pad>", "<unk>", "<s>", "</s>"]:
                 raise ValueError(
@@ -355,18 +356,3 @@ def _join_punctuation(texts):
     for pattern, replacement in _PUNCTUATION_RULES:
         texts = tf.strings.regex_replace(texts, pattern, replacement)
     return texts
-
-
-def _name_the_model_resource(layer):
-    """Names `layer`'s tf-text model resource by its sha256: unnamed, a loaded SavedModel
-    made the source and target models one (target ids detokenized with the source's)."""
-    from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text
-
-    class ContentNamedResource(tf_text._SentencepieceModelResource):
-        def _create_resource(self):
-            name = "sentencepiece_" + hashlib.sha256(self._model).hexdigest()
-            return tf_text.gen_sentencepiece_tokenizer.sentencepiece_op(
-                model=self._model, shared_name=name)
-
-    unnamed = layer._sentence_piece._model_resource
-    layer._sentence_piece._model_resource = ContentNamedResource(unnamed._model, unnamed._name)

@@ -10,6 +10,7 @@ under TF Serving's names:
 * `metrics.py`: the Prometheus metrics;
 * `options.py`: the model server's options (port, limits, timeouts);
 * `protocol.py`: HTTP/1.1 on asyncio and httptools (timeouts, bounds, JSON errors);
+* `request.py`: one request and its body, read under the body timeout and bound;
 * `server.py`: the model server and its REST API.
 
     keras-transformer serve saved_models/quickstart --port 8501

@@ -38,7 +38,8 @@ from keras_transformer.serving.batching import BatchScheduler, QueueFullError
 from keras_transformer.serving.manager import ModelManager
 from keras_transformer.serving.metrics import ServingMetrics
 from keras_transformer.serving.options import ServerOptions
-from keras_transformer.serving.protocol import BodyError, HttpServer
+from keras_transformer.serving.protocol import HttpServer
+from keras_transformer.serving.request import BodyError
 from keras_transformer.serving.servable import (
     RequestError,
     Servable,

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from keras_transformer.serving.protocol import BodyError, HttpServer
+from keras_transformer.serving.protocol import HttpServer
+from keras_transformer.serving.request import BodyError
 
 pytestmark = pytest.mark.once("tensorflow")  # backend-independent
 

@@ -13,7 +13,7 @@ theirs (`keras_transformer_app`).
 
 import os
 
-from keras_transformer.backend import check_backend_name
+from keras_transformer.backend import check_backend_name, check_keras_version
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,10 @@ except ValueError as _backend_error:
             raise ValueError(str(_error)) from None
         raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
 else:
+    import keras
+
+    check_keras_version(keras.__version__)
+
     from keras_transformer import layers
     from keras_transformer.config import TransformerConfig
     from keras_transformer.model import Transformer

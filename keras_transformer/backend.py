@@ -4,7 +4,8 @@ No paper section of its own: it serves §5 (training) and §6.1 (decoding). The
 layers, the model, the loss and the search loops use `keras.ops` only. What
 depends on the backend beyond that lives here:
 
-* `check_backend_name`: the backends this library runs on;
+* `check_backend_name`, `check_keras_version`: the backends and the Keras releases
+  this library runs on;
 * `use_xla_for_training`: whether `Transformer.compile(jit_compile="auto")`
   turns XLA on where Keras would not (TensorFlow on a CPU);
 * `copy_reverse_kernel`: whether a decoding cache holds the output
@@ -24,9 +25,29 @@ needs when called.
 """
 
 import contextlib
+import re
 import threading
 
 BACKENDS = ("tensorflow", "jax", "torch")
+
+
+#: The oldest Keras the library runs on: older releases load crafted model files unsafely
+#: (docs/serving.md, "Which files are trusted").
+MINIMUM_KERAS = (3, 14)
+
+
+def check_keras_version(version):
+    """Raises a one-line ImportError for a Keras older than `MINIMUM_KERAS`.
+
+    Args:
+        version: `keras.__version__`, such as "3.15.1".
+    """
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if len(found) < 2 or found < MINIMUM_KERAS:
+        raise ImportError(
+            f"keras-transformer needs Keras {'.'.join(map(str, MINIMUM_KERAS))} or newer, and "
+            f"Keras {version} is installed (older releases load crafted model files unsafely): "
+            "pip install -U keras")
 
 
 def check_backend_name(name):

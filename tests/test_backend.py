@@ -80,3 +80,16 @@ def test_write_cache_within_cache_writes_in_place_writes_into_the_cache():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(cache), expected)
     # Outside it again, a new tensor.
     assert backend.write_cache(cache, 0, keras.ops.ones((2, 1, 3))) is not cache
+
+
+@pytest.mark.parametrize("version, refused", [
+    ("3.13.2", True), ("3.0.5", True), ("2.15.0", True), ("3.14.0", False), ("3.15.1", False),
+    ("3.14.0.dev2026010103", False), ("4.0.0", False)])
+def test_keras_below_3_14_is_refused(version, refused):
+    """docs/installation.md, line 4: "Keras below 3.14 is refused"."""
+    if refused:
+        with pytest.raises(ImportError, match=f"needs Keras 3.14 or newer, and Keras {version} "
+                                              "is installed"):
+            backend.check_keras_version(version)
+    else:
+        backend.check_keras_version(version)

@@ -141,3 +141,24 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
         except Exception as error:
             raise AssertionError(
                 f"{page}: the python block at line {line} failed: {error!r}") from error
+
+
+def test_the_command_reference_is_the_parsers():
+    """docs/commands.md is generated from the parsers
+    (`python -m keras_transformer_app.reference > docs/commands.md`): every command, option,
+    default and help text there is the parsers' own."""
+    from keras_transformer import compat
+    from keras_transformer_app import reference
+
+    with open(os.path.join(REPOSITORY, "docs", "commands.md"), encoding="utf-8") as file:
+        page = file.read()
+    generated = reference.reference()
+    assert page == generated, (
+        "docs/commands.md differs from the parsers: run `python -m keras_transformer_app."
+        "reference > docs/commands.md`")
+    for name, parser in reference.parsers():  # nothing left out
+        assert f"## `{name}`" in page
+        for action, _ in compat.parser_actions(parser):
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"`{flag}" in page, (name, flag)

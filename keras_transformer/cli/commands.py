@@ -174,7 +174,8 @@ def serve(args):
 
     # Every batching parameter, and every server option that has a flag.
     batching = BatchingParameters(**{
-        field.name: getattr(args, field.name) for field in dataclasses.fields(BatchingParameters)})
+        field.name: getattr(args, field.name) for field in dataclasses.fields(BatchingParameters)
+        if getattr(args, field.name) is not None})  # --num-batch-threads: the CPU cores
     options = ServerOptions(batching=batching, **{
         field.name: getattr(args, field.name) for field in dataclasses.fields(ServerOptions)
         if field.name != "batching" and hasattr(args, field.name)})

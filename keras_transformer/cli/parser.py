@@ -309,12 +309,15 @@ def _add_batching(serve):
         ("--max-batch-size", "instances per signature call"),
         ("--batch-timeout-micros", "longest wait for more requests after a batch opens"),
         ("--max-enqueued-batches", "queue bound in batches (a full queue answers 503)"),
-        ("--num-batch-threads", "batches run at once"),
     ):
         name = flag[2:].replace("-", "_")
         kind = non_negative_int if name == "batch_timeout_micros" else positive_int
         group.add_argument(flag, type=kind, default=getattr(batching, name),
                            help=f"{help_text} (default: %(default)s)")
+    # Its default is the machine's (BatchingParameters'), left out of the parser so that
+    # the help and the command reference read the same everywhere.
+    group.add_argument("--num-batch-threads", type=positive_int,
+                       help="batches run at once (default: the CPU cores)")
 
 
 def parse_args(argv=None, check_paths=True):

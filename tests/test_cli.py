@@ -182,6 +182,27 @@ def test_a_file_is_translated_in_full_batches(command_line):
     assert stdout.counts == [2, 4, 5]
 
 
+class ClosedAfterOneLine(io.StringIO):
+    """A stdout whose reader goes away after the first line (`| head -n 1`)."""
+
+    def write(self, text):
+        if self.getvalue().count("\n") >= 1:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+@command_line_only
+def test_a_closed_output_pipe_ends_the_command_quietly_with_status_1(command_line):
+    """docs/troubleshooting.md, line 13: "A closed output pipe (`| head`) ends it with
+    status 1"."""
+    stderr = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info:
+        command_line(["translate", "run", *SEARCH], stdin="\n".join(LINES) + "\n",
+                     stdout=ClosedAfterOneLine(), stderr=stderr)
+    assert exit_info.value.code == 1
+    assert stderr.getvalue() == ""
+
+
 @command_line_only
 def test_a_pipe_is_answered_line_by_line_as_lines_arrive(command_line):
     """Three lines written one at a time, each after the answer to the one before:

@@ -508,6 +508,36 @@ def test_chunked_body_is_read(server):
     assert (response.status, json.loads(response.body)) == (200, server.good)
 
 
+def test_predicts_over_max_concurrent_requests_get_503_with_retry_after(server, monkeypatch):
+    """docs/serving.md, "Limits and timeouts": `--max-concurrent-requests` predicts in
+    flight, 503 beyond."""
+    limit = server.server.options.max_concurrent_requests
+    monkeypatch.setattr(server.server, "_in_flight", limit)  # as if `limit` were waiting
+    response = exchange(server.port, _post({"instances": [GOOD_SENTENCE]}))
+    assert (response.status, response.headers["retry-after"]) == (503, "1")
+    assert "Too many requests in flight" in json.loads(response.body)["error"]
+    monkeypatch.undo()
+    assert_still_serving(server)
+
+
+def test_a_server_fault_is_a_500_that_says_nothing_of_internals(server, monkeypatch):
+    """docs/serving.md, "Errors": a server fault gets a 500 whose body says nothing of
+    internals (the log has the traceback)."""
+    def fault(*args):
+        raise RuntimeError("secret detail of the batch scheduler")
+
+    before = len(server.log)
+    monkeypatch.setattr(server.server.scheduler, "submit", fault)
+    response = exchange(server.port, _post({"instances": [GOOD_SENTENCE]}))
+    monkeypatch.undo()
+    assert response.status == 500
+    assert "secret" not in response.body.decode() and "Internal server error" in json.loads(
+        response.body)["error"]
+    assert any("secret detail" in line and "Traceback" in line
+               for line in server.log[before:])
+    assert_still_serving(server)
+
+
 def test_a_port_in_use_is_named_in_the_error(model):
     with socket.socket() as taken:
         taken.bind((HOST, 0))

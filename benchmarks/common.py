@@ -68,12 +68,72 @@ def run_script(main):
         return main()
 
 
+#: What caps each engine at an instruction set, read by each when it starts: XLA's CPU
+#: code generator (JAX's, and TensorFlow's XLA), oneDNN (TensorFlow's and PyTorch's
+#: kernels), PyTorch's ATen dispatch and CTranslate2.
+ISA_CAPS = {
+    "AVX2": {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "ATEN_CPU_CAPABILITY": "avx2", "CT2_FORCE_CPU_ISA": "AVX2"},
+}
+#: The environment variable that says which cap this process runs under.
+ISA_CAP_VARIABLE = "KT_BENCHMARK_MAX_ISA"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A benchmark's parser: `--max-isa` runs the script again under the cap, from its
+    start, so that each engine reads it before it loads (the servers and peers it starts
+    inherit it)."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        wanted = parsed.max_isa
+        if wanted is not None and os.environ.get(ISA_CAP_VARIABLE) != wanted:
+            if args is not None:
+                self.error("--max-isa needs the script's own process: run it as a command")
+            run_again_capped(wanted)
+        return parsed
+
+
+def capped_environment(isa, environment=os.environ):
+    """`environment` with the variables that cap every engine at `isa` (`ISA_CAPS`); an
+    XLA_FLAGS already set keeps its other flags."""
+    capped = dict(environment, **{ISA_CAP_VARIABLE: isa})
+    for name, value in ISA_CAPS[isa].items():
+        if name == "XLA_FLAGS" and environment.get(name):
+            value = f"{environment[name]} {value}"
+        capped[name] = value
+    return capped
+
+
+def run_again_capped(isa):
+    """Replaces this process by the same command under the cap (`os.execve`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], capped_environment(isa))
+
+
 def argument_parser(doc):
     """The command-line parser of a benchmark script: the first paragraph of its
-    docstring `doc` is the description, the last (its example commands) the epilog."""
+    docstring `doc` is the description, the last (its example commands) the epilog.
+    Every script takes `--max-isa AVX2` (`ISA_CAPS`)."""
     paragraphs = doc.split("\n\n")
-    return argparse.ArgumentParser(description=paragraphs[0], epilog=paragraphs[-1],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(description=paragraphs[0], epilog=paragraphs[-1],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-isa", choices=tuple(ISA_CAPS),
+                        help="cap every engine at this instruction set (XLA, oneDNN, ATen, "
+                             "CTranslate2): one machine measures what a CPU without AVX-512 "
+                             "runs; recorded in the results' machine.isa_cap")
+    return parser
+
+
+def multi30k_dir():
+    """Where Multi30k's files are: the project machines' shared folder
+    (`../shared/data/multi30k`) if there is one, else where the Multi30k recipe keeps
+    them once it has run (`~/.keras/datasets/keras_transformer/multi30k`)."""
+    from keras_transformer.data.downloads import MULTI30K, cache_dir
+
+    shared = os.path.join(REPOSITORY, "..", "shared", "data", "multi30k")
+    return shared if os.path.isdir(shared) else cache_dir(MULTI30K)
 
 
 def transformer_config(size, dropout_rate=0.1, **overrides):
@@ -187,6 +247,10 @@ def machine():
     return {
         "cpu": model,
         "isa": instruction_set(),
+        # The cap every engine ran under (`--max-isa`), with the variables that set it.
+        "isa_cap": os.environ.get(ISA_CAP_VARIABLE),
+        "isa_cap_variables": {name: os.environ.get(name) for name in ISA_CAPS["AVX2"]
+                              if os.environ.get(ISA_CAP_VARIABLE)},
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "os": platform.platform(),
@@ -229,7 +293,10 @@ def write_results(results, output=None):
 
 
 def emit(result):
-    """Prints the script's result as its final stdout line: one JSON object."""
+    """Prints the script's result as its final stdout line: one JSON object, with the
+    machine it ran on (`machine()`: the CPU, its widest ISA, the `--max-isa` cap)."""
+    if isinstance(result, dict) and "machine" not in result:
+        result = {**result, "machine": machine()}
     def clean(value):  # JSON has no NaN / inf
         if isinstance(value, float) and not math.isfinite(value):
             return None

@@ -43,7 +43,7 @@ import common
 from serving import git_commit
 
 BACKENDS = ("tensorflow", "jax", "torch")
-DATA_DIR = os.path.join(common.REPOSITORY, "..", "shared", "data", "multi30k")
+DATA_DIR = common.multi30k_dir()
 RECIPE_MODEL = dict(d_model=128, num_layers=4, num_heads=4, d_ff=512, dropout_rate=0.2)
 BATCHING = dict(max_sentence_length=64, tokens_per_batch=2048, bucket_width=4)
 
@@ -58,7 +58,9 @@ def build_parser():
     parser.add_argument("--steps", type=int, default=50, help="steps per timed window")
     parser.add_argument("--windows", type=int, default=3, help="timed windows per process")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
-    parser.add_argument("--data-dir", default=DATA_DIR, help="Multi30k's files")
+    parser.add_argument("--data-dir", default=DATA_DIR,
+                        help="Multi30k's files (default: %(default)s; without them, the "
+                             "synthetic task)")
     parser.add_argument("--feed", default="pipeline", choices=("pipeline", "memory"),
                         help="pipeline: the recipe's tf.data pipeline, as model.fit gets it; "
                              "memory: the same batches drawn beforehand into NumPy arrays and "
@@ -89,7 +91,8 @@ def prepare(args, folder):
     if os.path.isdir(args.data_dir):
         train = load_multi30k(args.data_dir, "de-en")["train"]
     else:
-        common.progress(f"cpu_step: no {args.data_dir}: the synthetic task instead")
+        common.progress(f"cpu_step: no Multi30k at {args.data_dir} (run the Multi30k recipe "
+                        "once, or give --data-dir): measuring the synthetic task instead")
         train = synthetic_translation(30000, seed=0)
     if args.quick:
         train = train._replace(sources=train.sources[:3000], targets=train.targets[:3000])

@@ -39,8 +39,14 @@ class _Vocabulary:
         self.pad_id, self.bos_id, self.eos_id = common.PAD_ID, common.BOS_ID, common.EOS_ID
         self.unk_id = common.VOCABULARY.unk_id
 
+    #: What the export's settings record as the tokenizer.
+    kind = "random ids (benchmark)"
+
     def id_to_token(self, token_id):
         return f"t{token_id}"
+
+    def detokenize(self, id_lists):
+        return [" ".join(self.id_to_token(i) for i in ids) for ids in id_lists]
 
 
 # The worker's protocol: one JSON line {"path", "pieces", "threads"}, then one

@@ -52,7 +52,7 @@ from serving_load import Client, ServerProcess
 
 CONCURRENCY = (1, 8, 32, 64)
 BLEU_BATCH = 8
-DATA_DIR = os.path.join(common.REPOSITORY, "..", "shared", "data", "multi30k")
+DATA_DIR = common.multi30k_dir()
 
 
 def build_parser():

@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 from serving import git_commit
 
-DATA_DIR = os.path.join(common.REPOSITORY, "..", "shared", "data", "multi30k")
+DATA_DIR = common.multi30k_dir()
 MODEL = ["--preset", "tiny", "--d-model", "64", "--d-ff", "128", "--num-heads", "2",
          "--num-layers", "1", "--max-length", "256", "--warmup-steps", "100"]
 # (label, the line that ends the phase), in the order the recipe prints them.

@@ -93,3 +93,33 @@ def test_run_all_keeps_every_section_it_does_not_write(run_all, tmp_path):
     assert "kept 1" in kept and "### a subsection" in kept and "kept 3" in kept
     assert "old targets" not in kept and "stale" not in kept and "skipped" not in kept
     assert run_all._kept_sections(str(tmp_path / "missing.md")) == ""
+
+
+@pytest.fixture(scope="module")
+def common():
+    path = os.path.join(REPOSITORY, "benchmarks", "common.py")
+    spec = importlib.util.spec_from_file_location("benchmark_common", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_avx2_cap_sets_every_engines_variable_and_keeps_other_xla_flags(common):
+    capped = common.capped_environment("AVX2", {"XLA_FLAGS": "--xla_dump_to=/tmp/x", "A": "1"})
+    assert capped["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_cpu_max_isa=AVX2"
+    assert (capped["ONEDNN_MAX_CPU_ISA"], capped["ATEN_CPU_CAPABILITY"],
+            capped["CT2_FORCE_CPU_ISA"]) == ("AVX2", "avx2", "AVX2")
+    assert capped[common.ISA_CAP_VARIABLE] == "AVX2" and capped["A"] == "1"
+    assert common.capped_environment("AVX2", {})["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2"
+
+
+def test_max_isa_runs_as_a_command_only_and_is_recorded(common, monkeypatch, capsys):
+    parser = common.argument_parser("A benchmark.\n\n    python x.py")
+    monkeypatch.delenv(common.ISA_CAP_VARIABLE, raising=False)
+    with pytest.raises(SystemExit):  # argv given: no process of its own to run again
+        parser.parse_args(["--max-isa", "AVX2"])
+    assert "needs the script's own process" in capsys.readouterr().err
+    monkeypatch.setenv(common.ISA_CAP_VARIABLE, "AVX2")  # as in the process run again
+    assert parser.parse_args(["--max-isa", "AVX2"]).max_isa == "AVX2"
+    assert common.machine()["isa_cap"] == "AVX2"
+    assert parser.parse_args([]).max_isa is None

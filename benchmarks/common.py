@@ -61,8 +61,15 @@ PAD_ID, BOS_ID, EOS_ID = VOCABULARY.pad_id, VOCABULARY.bos_id, VOCABULARY.eos_id
 def run_script(main):
     """Runs a script's `main` as the process it owns, as the project's command lines
     run: native log lines hidden (`--native-logs` shows them), Ctrl-C and SIGTERM
-    ending it quietly, a mistake one `error:` line (`keras_transformer.cli.errors`)."""
+    ending it quietly, a mistake one `error:` line (`keras_transformer.cli.errors`).
+    With `--max-isa`, the process first runs itself again under the cap, from its start,
+    so that each engine reads it before it loads (the servers and peers it starts
+    inherit it)."""
     from keras_transformer.cli import errors
+
+    isa = max_isa_of(sys.argv[1:])
+    if isa in ISA_CAPS and os.environ.get(ISA_CAP_VARIABLE) != isa:
+        run_again_capped(isa)
 
     with errors.command_line():
         return main()
@@ -79,21 +86,6 @@ ISA_CAPS = {
 ISA_CAP_VARIABLE = "KT_BENCHMARK_MAX_ISA"
 
 
-class _Parser(argparse.ArgumentParser):
-    """A benchmark's parser: `--max-isa` runs the script again under the cap, from its
-    start, so that each engine reads it before it loads (the servers and peers it starts
-    inherit it)."""
-
-    def parse_args(self, args=None, namespace=None):
-        parsed = super().parse_args(args, namespace)
-        wanted = parsed.max_isa
-        if wanted is not None and os.environ.get(ISA_CAP_VARIABLE) != wanted:
-            if args is not None:
-                self.error("--max-isa needs the script's own process: run it as a command")
-            run_again_capped(wanted)
-        return parsed
-
-
 def capped_environment(isa, environment=os.environ):
     """`environment` with the variables that cap every engine at `isa` (`ISA_CAPS`); an
     XLA_FLAGS already set keeps its other flags."""
@@ -103,6 +95,16 @@ def capped_environment(isa, environment=os.environ):
             value = f"{environment[name]} {value}"
         capped[name] = value
     return capped
+
+
+def max_isa_of(argv):
+    """The `--max-isa` value among a command line's arguments, or None."""
+    for index, argument in enumerate(argv):
+        if argument == "--max-isa" and index + 1 < len(argv):
+            return argv[index + 1]
+        if argument.startswith("--max-isa="):
+            return argument.partition("=")[2]
+    return None
 
 
 def run_again_capped(isa):
@@ -117,8 +119,8 @@ def argument_parser(doc):
     docstring `doc` is the description, the last (its example commands) the epilog.
     Every script takes `--max-isa AVX2` (`ISA_CAPS`)."""
     paragraphs = doc.split("\n\n")
-    parser = _Parser(description=paragraphs[0], epilog=paragraphs[-1],
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=paragraphs[0], epilog=paragraphs[-1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-isa", choices=tuple(ISA_CAPS),
                         help="cap every engine at this instruction set (XLA, oneDNN, ATen, "
                              "CTranslate2): one machine measures what a CPU without AVX-512 "

@@ -120,10 +120,15 @@ def probe(name, capped, folder, model_path):
     return _verdict(name, result.stdout + result.stderr, dump)
 
 
-def main(argv=None):
+def build_parser():
+    """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--output", help="also write the findings to this JSON file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     results = {"machine": common.machine(), "cap": common.ISA_CAPS["AVX2"], "engines": {}}
     with tempfile.TemporaryDirectory() as folder:
         model_path = _ctranslate2_model(folder)

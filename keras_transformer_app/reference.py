@@ -101,7 +101,8 @@ def section(name, parser):
         rows.append(f"| {_names(action)} | {_cell(_default(action))} | "
                     f"{_cell(_help(action))} |")
     if rows:
-        lines += ["| argument | default | help |", "| --- | --- | --- |", *rows, ""]
+        lines += ["<!-- not measured -->", "| argument | default | help |", "| --- | --- | --- |",
+                  *rows, ""]
     return lines
 
 

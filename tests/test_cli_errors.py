@@ -186,6 +186,16 @@ def test_every_recipe_ends_a_mistake_with_one_error_line(module, argv, message, 
     (NonFiniteLossError("The loss became nan at step 7"), 1,
      "error: The loss became nan at step 7"),
     (PeerLostError("Lost worker 1 of TF_CONFIG"), 1, "error: Lost worker 1 of TF_CONFIG"),
+    # Out of memory, as each backend says it (a beam of 1,000,000 ended in a traceback).
+    (MemoryError(), 1, "error: out of memory (MemoryError): ask for less at once, e.g. a "
+     "smaller --beam-size or --batch-size (or --tokens-per-batch when training)"),
+    (type("ResourceExhaustedError", (Exception,), {})("OOM when allocating tensor\nmore"), 1,
+     "error: out of memory (OOM when allocating tensor): ask for less at once, e.g. a smaller "
+     "--beam-size or --batch-size (or --tokens-per-batch when training)"),
+    (RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 18.75TiB"), 1,
+     "error: out of memory (RESOURCE_EXHAUSTED: Out of memory allocating 18.75TiB): ask for "
+     "less at once, e.g. a smaller --beam-size or --batch-size (or --tokens-per-batch when "
+     "training)"),
 ])
 def test_interrupts_and_missing_packages_are_one_line(raised, status, message, capsys):
     def main():

@@ -114,11 +114,36 @@ def user_errors(flags=None):
             raise
         fail(flag_names(str(error), flags or _flags_of_the_command_line()))
     except (*USER_ERRORS, RuntimeError) as error:
+        if _out_of_memory(error):
+            fail(_OUT_OF_MEMORY.format(_first_line(error)), status=1)
         if _failed_run(error):
             fail(flag_names(str(error), flags or _flags_of_the_command_line()), status=1)
         if not isinstance(error, USER_ERRORS):
             raise
         fail(flag_names(str(error), flags or _flags_of_the_command_line()))
+    except Exception as error:  # noqa: BLE001  only memory is answered; the rest is a bug
+        if not _out_of_memory(error):
+            raise
+        fail(_OUT_OF_MEMORY.format(_first_line(error)), status=1)
+
+
+_OUT_OF_MEMORY = ("out of memory ({}): ask for less at once, e.g. a smaller --beam-size or "
+                  "--batch-size (or --tokens-per-batch when training)")
+
+
+def _out_of_memory(error):
+    """Whether `error` says the machine ran out of memory: Python's MemoryError, or the
+    backends' own (TensorFlow's ResourceExhaustedError, XLA's RESOURCE_EXHAUSTED, torch's
+    allocator)."""
+    text = str(error)
+    return (isinstance(error, MemoryError)
+            or type(error).__name__ in ("ResourceExhaustedError", "OutOfMemoryError")
+            or "RESOURCE_EXHAUSTED" in text or "not enough memory" in text)
+
+
+def _first_line(error):
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:200]
 
 
 # The parser of the command line this process runs (`name_options_of`).

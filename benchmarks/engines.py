@@ -184,10 +184,11 @@ def measure(args, name, base, flags, label, test, checkout=None, server_commit=N
     server.__enter__()
     try:
         available = server.wait_until_available()
-        label = label if checkout is None else f"{label} ({server_commit} server)"
-        common.progress(f"{name}, {label}: AVAILABLE {available:.1f} s after process start")
-        row = {"model": name, "engine": label.split(" (")[0], "available_s": available,
+        row = {"model": name, "engine": label, "available_s": available,
                "server": server_commit}
+        if checkout is not None:
+            label = f"{label} ({server_commit} server)"
+        common.progress(f"{name}, {label}: AVAILABLE {available:.1f} s after process start")
         bodies = [json.dumps({"instances": [s]}) for s in args.sentences]
         row["load"] = load_table(server, bodies, args, float("inf"), label)
         if test is not None:

@@ -277,7 +277,7 @@ class TranslationServer:
     # The REST API.
 
     async def handle(self, request):
-        """Answers one request (a `protocol.Request`): `(status, headers, body)`."""
+        """Answers one request (a `request.Request`): `(status, headers, body)`."""
         start = time.perf_counter()
         signature = None
         headers = []

@@ -38,6 +38,7 @@ from keras_transformer.serving.request import Request
 
 #: The most bytes of request line and headers.
 MAX_HEADER_BYTES = 16 * 1024
+_CONNECTION_ENDED = "The connection ended before the whole body arrived."
 _STATUS_LINES = {status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode("ascii")
                  for status in http.HTTPStatus}
 
@@ -93,7 +94,7 @@ class Connection(asyncio.Protocol):
         self._cancel_timers()
         for request in (self._parsing, self._active):
             if request is not None and not request.complete:
-                request._fail("The connection ended before the whole body arrived.", 400)
+                request._fail(_CONNECTION_ENDED, 400)
 
     def data_received(self, data):
         if self._idle_timer is not None:  # a new request begins on a kept-alive connection
@@ -232,19 +233,14 @@ class Connection(asyncio.Protocol):
                                                     self.transport.close)
 
     def _write_response(self, request, status, headers, body, keep_alive):
-        lines = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Error\r\n".encode("ascii"),
-                 b"date: ", self.server.date(), b"\r\ncontent-length: ",
-                 str(len(body)).encode("ascii"), b"\r\n"]
-        for name, value in headers:
-            lines += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
         if not keep_alive:
-            lines.append(b"connection: close\r\n")
+            connection = "close"
         elif request.headers.get("connection", "").lower() == "keep-alive":
-            lines.append(b"connection: keep-alive\r\n")  # HTTP/1.0's keep-alive
-        lines.append(b"\r\n")
-        if request.method != "HEAD":
-            lines.append(body)
-        self.transport.write(b"".join(lines))
+            connection = "keep-alive"  # HTTP/1.0's keep-alive
+        else:
+            connection = None
+        self.transport.write(_response_bytes(status, headers, body, connection,
+                                             with_body=request.method != "HEAD"))
 
     def _close_after_answer(self):
         if self._closing_error:
@@ -260,7 +256,7 @@ class Connection(asyncio.Protocol):
         answer = _response_bytes(status, headers, body)
         parsing, self._parsing = self._parsing, None
         if parsing is not None and not parsing.complete:
-            parsing._fail("The connection ended before the whole body arrived.", 400)
+            parsing._fail(_CONNECTION_ENDED, 400)
         self._waiting.clear()
         if self._active is not None and self._active is not parsing:
             self._closing_error = answer  # the active request's answer comes first
@@ -311,11 +307,31 @@ class Connection(asyncio.Protocol):
         self.transport.close()  # connected, never sent anything: just close
 
 
-def _response_bytes(status, headers, body):
-    """A complete response that closes the connection."""
-    head = [_STATUS_LINES[status], f"content-length: {len(body)}\r\n".encode("ascii")]
-    head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers]
-    return b"".join(head) + b"connection: close\r\n\r\n" + body
+def _response_bytes(status, headers, body, connection="close", with_body=True):
+    """A complete response: its status line, Date, Content-Length, `headers`, then
+    `Connection: connection` unless None, and `body` unless not `with_body` (HEAD)."""
+    lines = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Error\r\n".encode("ascii"),
+             b"date: ", _date(), b"\r\ncontent-length: ", str(len(body)).encode("ascii"),
+             b"\r\n"]
+    for name, value in headers:
+        lines += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
+    if connection is not None:
+        lines += (b"connection: ", connection.encode("ascii"), b"\r\n")
+    lines.append(b"\r\n")
+    if with_body:
+        lines.append(body)
+    return b"".join(lines)
+
+
+_DATE = [0, b""]  # the second of the Date header last computed, and its value
+
+
+def _date():
+    """The Date header's value, computed once a second."""
+    now = int(time.time())
+    if now != _DATE[0]:
+        _DATE[:] = [now, email.utils.formatdate(now, usegmt=True).encode("ascii")]
+    return _DATE[1]
 
 
 class HttpServer:
@@ -342,20 +358,12 @@ class HttpServer:
         self.max_body_bytes = max_body_bytes
         self.connections = set()
         self.loop = None
-        self._date = (0, b"")
 
     @staticmethod
     def error_response(status, message):
         """`(status, headers, body)` of a JSON `{"error": message}`."""
         body = json.dumps({"error": message}, ensure_ascii=False).encode("utf-8")
         return status, [("content-type", "application/json")], body
-
-    def date(self):
-        """The Date header's value, computed once a second."""
-        now = int(time.time())
-        if now != self._date[0]:
-            self._date = (now, email.utils.formatdate(now, usegmt=True).encode("ascii"))
-        return self._date[1]
 
     async def serve(self, sock, backlog, stop, graceful_seconds, on_listening=None):
         """Serves on `sock` (bound) until the future `stop` is done; then stops

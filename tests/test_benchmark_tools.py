@@ -16,13 +16,18 @@ pytestmark = pytest.mark.once("torch")
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "RESULTS.md")
 
 
-@pytest.fixture(scope="module")
-def run_all():
-    path = os.path.join(REPOSITORY, "benchmarks", "run_all.py")
-    spec = importlib.util.spec_from_file_location("benchmark_run_all", path)
+def benchmark_module(name):
+    """benchmarks/NAME.py, imported from its file (benchmarks/ is not a package)."""
+    path = os.path.join(REPOSITORY, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def run_all():
+    return benchmark_module("run_all")
 
 
 def training_result(ratio):
@@ -97,11 +102,7 @@ def test_run_all_keeps_every_section_it_does_not_write(run_all, tmp_path):
 
 @pytest.fixture(scope="module")
 def common():
-    path = os.path.join(REPOSITORY, "benchmarks", "common.py")
-    spec = importlib.util.spec_from_file_location("benchmark_common", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("common")
 
 
 def test_the_avx2_cap_sets_every_engines_variable_and_keeps_other_xla_flags(common):

@@ -19,10 +19,11 @@ from keras_transformer.layers.embedding import (
     SinusoidalPositionEncoding,
     TokenEmbedding,
 )
+from keras_transformer.training.chunked_loss import ChunkedLossModel
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(id_checks.IdCheckedModel, keras.Model):
+class Transformer(id_checks.IdCheckedModel, ChunkedLossModel, keras.Model):
     """The encoder-decoder Transformer of "Attention Is All You Need".
 
     All weights are created when the model is constructed, so
@@ -328,6 +329,8 @@ class Transformer(id_checks.IdCheckedModel, keras.Model):
             for block in self.decoder_blocks:
                 x = block(x, encoder_outputs, encoder_padding_mask=source_padding_mask,
                           training=training)
+            if self.states_for_loss():  # a chunked loss projects them (ChunkedLossModel)
+                return x if self.decoder_norm is None else self.decoder_norm(x)
             return self.project_outputs(x)
         self_caches = []
         for block, self_cache, cross_cache in zip(self.decoder_blocks, cache["self"],
@@ -386,6 +389,17 @@ class Transformer(id_checks.IdCheckedModel, keras.Model):
         if self.output_projection is None:
             return self.target_embedding(x, reverse=True, reverse_kernel=reverse_kernel)
         return ops.cast(self.output_projection(x), "float32")
+
+    def output_projection_weights(self):
+        """The pre-softmax projection as (d_model, vocab) kernel in the compute dtype
+        and (vocab,) float32 bias (None without one), for a chunked loss."""
+        layer = self.output_projection
+        if layer is None:
+            layer = self.target_embedding
+            kernel, bias = layer.reverse_kernel(), layer.output_bias
+        else:
+            kernel, bias = ops.cast(layer.kernel, self.compute_dtype), layer.bias
+        return kernel, None if bias is None else ops.cast(bias, "float32")
 
     def compile(self, *args, jit_compile="auto", **kwargs):
         """`keras.Model.compile`, with XLA also for TensorFlow on a CPU.

@@ -11,15 +11,17 @@ from keras_transformer.training.losses import LabelSmoothedCrossEntropy, MaskedT
 from keras_transformer.training.schedule import paper_adam
 
 
-def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0, fused_loss=False):
+def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0, fused_loss=False,
+                  loss_chunk_size=None):
     """The paper's training setup: Adam(0.9, 0.98, 1e-9) on the eq. (3) schedule (×
     `lr_scale`, with an optional linear cooldown over the last `cooldown` of
     `total_steps`), label smoothing ε_ls (§5.4), in one fused pass when `fused_loss`
+    or with the projection in chunks of `loss_chunk_size` positions
     (`LabelSmoothedCrossEntropy`), and masked token accuracy."""
     model.compile(
         optimizer=paper_adam(config.d_model, config.warmup_steps, lr_scale, total_steps,
                              cooldown),
         loss=LabelSmoothedCrossEntropy(config.label_smoothing, pad_id=config.pad_id,
-                                       fused=fused_loss),
+                                       fused=fused_loss, chunk_size=loss_chunk_size),
         metrics=[MaskedTokenAccuracy(pad_id=config.pad_id)],
     )

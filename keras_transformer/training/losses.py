@@ -26,6 +26,7 @@ import keras
 from keras import ops
 
 from keras_transformer.backend import global_sum
+from keras_transformer.validation import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -39,6 +40,12 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         fused: Compute it in one pass over the logits with the gradient written
             out (see the module); False (the default) takes the log-softmax. The
             same values and gradients to float32 round-off.
+        chunk_size: Positions scored at a time when a `Transformer` trains with
+            this loss: the model then hands it the decoder's states, and the
+            projection and the loss run chunk by chunk, so the (tokens × vocab)
+            logits never exist whole (`keras_transformer.training.chunked_loss`).
+            None (the default): the model gives logits. A call on logits
+            computes as without it.
         name: Loss name.
 
     Call arguments:
@@ -56,7 +63,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     >>> value = loss(keras.ops.array([[1, 2, 0]]), keras.ops.zeros((1, 3, 5)))
     """
 
-    def __init__(self, label_smoothing=0.1, pad_id=0, fused=False,
+    def __init__(self, label_smoothing=0.1, pad_id=0, fused=False, chunk_size=None,
                  name="label_smoothed_cross_entropy"):
         super().__init__(name=name, dtype="float32")
         if not 0 <= label_smoothing < 1:
@@ -66,6 +73,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.label_smoothing = label_smoothing
         self.pad_id = pad_id
         self.fused = bool(fused)
+        if chunk_size is not None:
+            chunk_size = check_positive_int("chunk_size", chunk_size)
+        self.chunk_size = chunk_size
 
     def call(self, y_true, y_pred):
         """Per-token losses, (batch, T) float32, zero at padding positions."""
@@ -101,6 +111,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             "label_smoothing": self.label_smoothing,
             "pad_id": self.pad_id,
             "fused": self.fused,
+            "chunk_size": self.chunk_size,
             "name": self.name,
         }
 
@@ -148,6 +159,10 @@ def smoothed_cross_entropy(labels, logits, label_smoothing):
 class MaskedTokenAccuracy(keras.metrics.Mean):
     """Fraction of non-padding target tokens whose argmax prediction is right.
 
+    `y_pred` is (batch, T, vocab) logits, or the (batch, T) predicted ids
+    themselves (what a chunked loss gives: `LabelSmoothedCrossEntropy`'s
+    `chunk_size`).
+
     Args:
         pad_id: Target id that marks padding.
         name: Metric name.
@@ -167,7 +182,9 @@ class MaskedTokenAccuracy(keras.metrics.Mean):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_true = ops.cast(y_true, "int32")
-        predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        if len(y_pred.shape) > len(y_true.shape):
+            y_pred = ops.argmax(y_pred, axis=-1)
+        predictions = ops.cast(y_pred, "int32")
         matches = ops.cast(ops.equal(predictions, y_true), self.dtype)
         weights = ops.cast(ops.not_equal(y_true, self.pad_id), self.dtype)
         if sample_weight is not None:

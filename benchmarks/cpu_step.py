@@ -46,6 +46,7 @@ BACKENDS = ("tensorflow", "jax", "torch")
 DATA_DIR = common.multi30k_dir()
 RECIPE_MODEL = dict(d_model=128, num_layers=4, num_heads=4, d_ff=512, dropout_rate=0.2)
 BATCHING = dict(max_sentence_length=64, tokens_per_batch=2048, bucket_width=4)
+CHUNK = 1024  # positions per chunk of the chunked loss
 
 
 def build_parser():
@@ -54,7 +55,9 @@ def build_parser():
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated (default: all three)")
     parser.add_argument("--losses", default="fused,reference",
-                        help="fused, reference (the log-softmax form), or both")
+                        help="comma-separated of fused, reference (the log-softmax form) "
+                             f"and chunked (the projection and loss {CHUNK} positions at a "
+                             "time)")
     parser.add_argument("--steps", type=int, default=50, help="steps per timed window")
     parser.add_argument("--windows", type=int, default=3, help="timed windows per process")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
@@ -127,7 +130,8 @@ def child(args):
         vocab_size=source_tokenizer.vocab_size, target_vocab_size=target_tokenizer.vocab_size,
         share_embeddings=False, **dict(RECIPE_MODEL, **sizes))
     model = kt.Transformer(config)
-    compile_model(model, config, fused_loss=loss == "fused")
+    compile_model(model, config, fused_loss=loss == "fused",
+                  loss_chunk_size=CHUNK if loss == "chunked" else None)
     windows = _timed_windows(model, dataset, args.steps, args.windows)
     result = {"backend": keras.backend.backend(), "loss": loss, "feed": args.feed,
               "jit_compile": model.jit_compile,

@@ -22,6 +22,7 @@ argmax. Calls, `predict` and decoding still give logits.
 """
 
 import contextlib
+import threading
 
 from keras import ops
 
@@ -166,6 +167,9 @@ def _chunked(labels, weights, pad, chunk_size):
             ops.reshape(weights, (-1, chunk_size)))
 
 
+_COUNT_LOCK = threading.Lock()
+
+
 class ChunkedLossModel:
     """Mixin of a `keras.Model` whose loss takes its decoder states in `fit` and `evaluate`.
 
@@ -178,12 +182,14 @@ class ChunkedLossModel:
     `test_step`, `compute_loss` and `compute_metrics` around them.
     """
 
-    _states_for_loss = False
+    # Steps of a chunked loss running now: a count, not a flag, as a `MirroredStrategy`
+    # traces its replicas' steps in threads of their own, at the same time.
+    _steps_on_states = 0
 
     def states_for_loss(self):
         """Whether a train or test step of a chunked loss is running (the model's call
         then returns the states the projection would take)."""
-        return self._states_for_loss
+        return self._steps_on_states > 0
 
     def loss_chunk_size(self):
         """The compiled loss's `chunk_size`, or None."""
@@ -191,12 +197,16 @@ class ChunkedLossModel:
 
     @contextlib.contextmanager
     def _step_on_states(self):
-        previous = self._states_for_loss
-        self._states_for_loss = bool(self.loss_chunk_size())
+        if not self.loss_chunk_size():
+            yield
+            return
+        with _COUNT_LOCK:
+            self._steps_on_states += 1
         try:
             yield
         finally:
-            self._states_for_loss = previous
+            with _COUNT_LOCK:
+                self._steps_on_states -= 1
 
     def train_step(self, *args, **kwargs):
         with self._step_on_states():
@@ -207,7 +217,7 @@ class ChunkedLossModel:
             return super().test_step(*args, **kwargs)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        if not self._states_for_loss:
+        if not self.states_for_loss():
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         loss = self.loss
         labels = ops.cast(y, "int32")
@@ -234,6 +244,6 @@ class ChunkedLossModel:
         return value
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        if not self._states_for_loss:
+        if not self.states_for_loss():
             return super().compute_metrics(x, y, y_pred, sample_weight)
         return self.get_metrics_result()  # updated by compute_loss, from the ids

@@ -107,6 +107,11 @@ OPTIONS = {
                            help="over the last N steps of the run (or the last P percent of "
                                 "them), lower the rate linearly towards 0 (not in the paper; "
                                 "0: none)"),
+    "loss_chunk_size": dict(type=non_negative_int, default=1024, metavar="N",
+                            help="project the decoder's states to the vocabulary and take the "
+                                 "loss N positions at a time in training, so that the "
+                                 "(tokens x vocabulary) logits never exist whole: less memory, "
+                                 "and a faster step on a CPU (0: the whole batch at once)"),
     "tune_alpha": dict(type=non_negative_floats, metavar="A,B,...",
                        help="before the test split, translate the validation split with each "
                             "of these length penalties (the averaged model's, else the final "
@@ -148,7 +153,8 @@ GROUPS = (
     ("data", ("tokenizer", "vocab_size", "separate_vocabularies", "max_sentence_length",
               "tokens_per_batch", "bucket_width")),
     ("model (TransformerConfig; unset options keep the preset)",
-     ("preset", "max_length", *MODEL_FIELDS[:-1], "lr_scale", "cooldown_steps")),
+     ("preset", "max_length", *MODEL_FIELDS[:-1], "lr_scale", "cooldown_steps",
+      "loss_chunk_size")),
     ("evaluation", ("beam_size", "alpha", ("tune_alpha", "no_tune_alpha"), "eval_limit",
                     "validation_curve", "evaluate_only", "export_dir", "no_export")),
 )

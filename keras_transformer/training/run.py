@@ -339,7 +339,8 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
                          f"{trained_steps} steps of the run.")
     with distributed.scope():
         model = Transformer(config)
-        compile_model(model, config, options.lr_scale, trained_steps, cooldown)
+        compile_model(model, config, options.lr_scale, trained_steps, cooldown,
+                      loss_chunk_size=options.loss_chunk_size or None)
     print(f"Model: {model.count_params():,} parameters, "
           f"{json.dumps(dataclasses.asdict(config))}")
     start = time.time()

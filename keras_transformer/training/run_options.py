@@ -47,6 +47,10 @@ class RunOptions:
         lr_scale: Constant factor on the eq. (3) learning rate.
         cooldown_steps: Steps at the end of the run over which the rate falls linearly
             towards 0, or a share of the run such as "40%" (not in the paper; 0: none).
+        loss_chunk_size: Positions at a time of the pre-softmax projection and the
+            loss in training and validation (`LabelSmoothedCrossEntropy`'s
+            `chunk_size`: the whole logits never exist at once, and the step is
+            faster on a CPU; docs/performance.md); 0 projects the batch in one piece.
         beam_size, alpha: Beam search of the scoring (§6.1).
         tune_alpha: Length penalties to try on the validation split; the best replaces
             `alpha` (None: use `alpha`).
@@ -79,6 +83,7 @@ class RunOptions:
     bucket_width: int = 8
     lr_scale: float = 1.0
     cooldown_steps: Union[int, str] = 0
+    loss_chunk_size: int = 1024
     beam_size: int = 4
     alpha: float = 0.6
     tune_alpha: Optional[Sequence[float]] = None
@@ -101,6 +106,7 @@ class RunOptions:
                 checks.check_positive_int(name, getattr(self, name))
         if self.epochs is not None:
             checks.check_positive_number("epochs", self.epochs)
+        checks.check_non_negative_int("loss_chunk_size", self.loss_chunk_size)
         checks.check_choice("precision", self.precision, checks.PRECISIONS)
         checks.check_choice("distribute", self.distribute, distribution.KINDS)
         checks.check_choice("tokenizer", self.tokenizer, tokenizers.KINDS)

@@ -34,10 +34,11 @@ def windows(run_dir):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, splits):
-    """A run of 4 steps through every phase, under the pass's backend: its
-    directory and results."""
+    """A run of 4 steps through every phase, under the pass's backend, with the loss in
+    chunks of 16 positions: its directory and results."""
     run_dir = str(tmp_path_factory.mktemp("finished") / "run")
-    options = RunOptions(run_dir, steps=4, name="mine", separate_vocabularies=True, **FAST)
+    options = RunOptions(run_dir, steps=4, name="mine", separate_vocabularies=True,
+                         loss_chunk_size=16, **FAST)
     return run_dir, run(splits, CONFIG, options)
 
 
@@ -50,7 +51,9 @@ def test_a_run_trains_saves_averages_and_evaluates(finished_run):
     assert run_files.read_json(run_files.path(run_dir, run_files.RESULTS)) == results
     # The config's vocabulary sizes follow the two learned vocabularies.
     source, target = run_files.load_tokenizers(run_dir)
-    config = run_files.load_model(run_files.path(run_dir, run_files.MODEL)).config
+    model = run_files.load_model(run_files.path(run_dir, run_files.MODEL))
+    assert model.loss.chunk_size == 16
+    config = model.config
     assert (config.vocab_size, config.target_vocab_size) == (source.vocab_size,
                                                              target.vocab_size)
     assert not config.share_embeddings and config.d_model == CONFIG.d_model
@@ -124,6 +127,7 @@ def test_splits_other_than_train_validation_and_test_are_refused(tmp_path, split
     (dict(steps=10, cooldown_steps="120%"), "cooldown_steps='120%' must be steps"),
     (dict(steps=10, cooldown_steps=-3), "cooldown_steps=-3 must be a non-negative integer"),
     (dict(steps=10, tune_alpha=()), "tune_alpha is empty"),
+    (dict(steps=10, loss_chunk_size=-1), "loss_chunk_size=-1 must be a non-negative integer"),
     (dict(steps=10, tune_alpha=(0.6, -1)), "tune_alpha=-1 must be a number >= 0"),
     (dict(steps=10, peer_timeout=0), "peer_timeout=0 must be a positive integer"),
 ])

@@ -40,7 +40,9 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
         labels: (N,) int32 target ids.
         weights: (N,) float32 weight of each position's loss (0 at padding).
         label_smoothing: ε_ls.
-        chunk_size: Positions scored at a time.
+        chunk_size: Most positions scored at a time. Where N is known when the
+            step is traced, the N positions are cut into ceil(N / chunk_size)
+            chunks of about equal size (padding less than one position a chunk).
         with_gradient: Make the gradients in the forward pass (for training);
             False scores only (for evaluation).
 
@@ -51,6 +53,8 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
     labels = ops.cast(labels, "int32")
     weights = ops.cast(weights, "float32")
     count = ops.shape(hidden)[0]
+    if isinstance(count, int):  # a static shape: as many chunks, of about equal size
+        chunk_size = -(-count // max(1, -(-count // chunk_size)))
     pad = (-count) % chunk_size
     h_chunks, y_chunks, w_chunks = _chunked(labels, weights, pad, chunk_size)
 

@@ -64,7 +64,7 @@ def reference_sum(hidden, kernel, bias, labels, weights, eps):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_chunked_loss_gives_the_full_logits_values_and_gradients(
         eps, chunk_size, with_bias, compiled):
-    count, d_model, vocab = 10, 4, 9  # 10 positions: chunks of 3 leave one of 1
+    count, d_model, vocab = 10, 4, 9  # 10 positions in chunks of 3: 2 positions of padding
     hidden = RNG.normal(size=(count, d_model)).astype("float32")
     kernel = RNG.normal(size=(d_model, vocab)).astype("float32")
     bias = RNG.normal(size=(vocab,)).astype("float32")

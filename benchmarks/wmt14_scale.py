@@ -85,6 +85,9 @@ def build_parser():
     parser.add_argument("--tokens-per-batch", type=int, default=TOKENS_PER_BATCH,
                         help="the recipe's batch size in tokens a side (default: %(default)s); "
                              "the training step's memory grows with it")
+    parser.add_argument("--loss-chunk-size", type=int, default=1024,
+                        help="the recipe's --loss-chunk-size (default: %(default)s, the "
+                             "recipe's; 0 takes the whole logits at once)")
     parser.add_argument("--keep-corpus", action="store_true",
                         help="reuse a corpus already made in --work-dir")
     parser.add_argument("--quick", action="store_true",
@@ -211,7 +214,7 @@ def recipe_command(args, folder, run_dir, steps):
     return [sys.executable, "-m", "recipes.wmt14", "--data-dir", folder, "--run-dir", run_dir,
             "--steps", str(steps), "--checkpoint-every", "1", "--eval-limit", "10",
             "--tokens-per-batch", str(args.tokens_per_batch), "--no-export", "--verbose", "2",
-            *vocabulary, *MODEL]
+            "--loss-chunk-size", str(args.loss_chunk_size), *vocabulary, *MODEL]
 
 
 def multi30k_padding(args):
@@ -239,7 +242,8 @@ def main(argv=None):
         make_corpus(args, folder)
     env = dict(os.environ, KERAS_BACKEND=args.backend, TF_CPP_MIN_LOG_LEVEL="3")
     results = {"commit": git_commit(), "machine": common.machine(), "pairs": args.pairs,
-               "backend": args.backend, "tokens_per_batch": args.tokens_per_batch, "runs": []}
+               "backend": args.backend, "tokens_per_batch": args.tokens_per_batch,
+               "loss_chunk_size": args.loss_chunk_size, "runs": []}
     for steps in (1, 2):
         common.progress(f"run {steps}: the recipe, --steps {steps}")
         watched = Watched(recipe_command(args, folder, run_dir, steps), env)
@@ -269,7 +273,8 @@ def markdown(results, command):
     """The table of the two runs."""
     labels = [label for label, _ in PHASES]
     lines = [f"commit `{results['commit']}`, `{command}` ({results['pairs']:,} pairs, "
-             f"{results['backend']}, {results['tokens_per_batch']:,} tokens per batch side; "
+             f"{results['backend']}, {results['tokens_per_batch']:,} tokens per batch side, "
+             f"loss chunks of {results['loss_chunk_size'] or 'the whole batch'}; "
              f"token cache {results['cache_mb']:,.0f} MiB)", "",
              "| run | peak RSS, data ready / whole run | with child processes | "
              + " | ".join(labels) + " | padding (source / target) |",

@@ -3,7 +3,9 @@
 step and the process's peak memory, per backend and vocabulary size.
 
 One process per (backend, vocabulary, chunk size), so that each peak RSS (the process's
-high-water mark, ru_maxrss) is that configuration's alone. Each trains the Multi30k
+high-water mark, ru_maxrss) is that configuration's alone, in `--rounds` interleaved rounds
+(every configuration, then again), so that a slow spell of the machine does not fall on one
+configuration only; the table gives the median of the rounds. Each trains the Multi30k
 recipe's model (d_model 128, N 4, h 4, d_ff 512, dropout 0.2, shared vocabulary, tied
 projection) on one random batch of `--batch` × `--length` tokens a side, the paper's
 optimizer and label smoothing, with `train_on_batch` (one shape: nothing compiles after
@@ -45,6 +47,9 @@ def build_parser():
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--length", type=int, default=32, help="tokens per sentence and side")
     parser.add_argument("--steps", type=int, default=15, help="timed steps per process")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds over every configuration, one process each; the table "
+                             "gives the median of the rounds (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny model and few steps (figures meaningless)")
     parser.add_argument("--output", help="also write the figures to this JSON file")
@@ -93,21 +98,30 @@ def main(argv=None):
     if args.child:
         return child(args)
     if args.quick:
-        args.batch, args.length, args.steps = 4, 8, 2
-    rows = []
-    for backend in args.backends.split(","):
-        for vocab in args.vocab_sizes.split(","):
-            for chunk in args.chunks.split(","):
-                command = [sys.executable, os.path.abspath(__file__), "--child",
-                           f"{int(vocab)},{int(chunk)}", "--batch", str(args.batch),
-                           "--length", str(args.length), "--steps", str(args.steps),
-                           *(["--quick"] if args.quick else [])]
-                common.progress(f"{backend}, vocabulary {vocab}, chunk {chunk}")
-                done = subprocess.run(command, env=dict(os.environ, KERAS_BACKEND=backend),
-                                      capture_output=True, text=True, check=True)
-                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        args.batch, args.length, args.steps, args.rounds = 4, 8, 2, 1
+    commit = git_commit()  # the code measured: the checkout as the run starts
+    configurations = [(backend, int(vocab), int(chunk))
+                      for backend in args.backends.split(",")
+                      for vocab in args.vocab_sizes.split(",")
+                      for chunk in args.chunks.split(",")]
+    runs = {configuration: [] for configuration in configurations}
+    for round_ in range(args.rounds):
+        for backend, vocab, chunk in configurations:
+            common.progress(f"round {round_ + 1}/{args.rounds}: {backend}, vocabulary {vocab}, "
+                            f"chunk {chunk}")
+            command = [sys.executable, os.path.abspath(__file__), "--child", f"{vocab},{chunk}",
+                       "--batch", str(args.batch), "--length", str(args.length),
+                       "--steps", str(args.steps), *(["--quick"] if args.quick else [])]
+            done = subprocess.run(command, env=dict(os.environ, KERAS_BACKEND=backend),
+                                  capture_output=True, text=True, check=True)
+            runs[backend, vocab, chunk].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    rows = [{"backend": backend, "vocab_size": vocab, "chunk_size": chunk or None,
+             "ms_per_step": common.median([r["ms_per_step"] for r in results]),
+             "round_ms_per_step": [r["ms_per_step"] for r in results],
+             "peak_rss_mb": common.median([r["peak_rss_mb"] for r in results])}
+            for (backend, vocab, chunk), results in runs.items()]
     _print_table(rows)
-    common.write_results({"script": "chunked_loss", "commit": git_commit(),
+    common.write_results({"script": "chunked_loss", "commit": commit,
                           "command": common.command_line("chunked_loss.py", argv),
                           "batch": [args.batch, args.length], "rows": rows}, args.output)
 

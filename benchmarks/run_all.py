@@ -21,6 +21,7 @@ tables) are kept, in their order, after the ones it writes. Targets:
 
     python benchmarks/run_all.py                       # all backends, writes RESULTS.md
     python benchmarks/run_all.py --quick --output /tmp/bench_quick.md   # check the scripts
+    python benchmarks/run_all.py --check [--write]   # the tables measured on changed code
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
@@ -339,12 +340,25 @@ def build_parser():
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and 2 steps, only to check the scripts; needs an "
                              "--output other than benchmarks/RESULTS.md")
+    parser.add_argument("--check", action="store_true",
+                        help="run nothing: list the tables of figures of README.md, docs/ and "
+                             "RESULTS.md whose code has changed since their commit "
+                             "(figures.py); status 1 if one does not say so")
+    parser.add_argument("--write", action="store_true",
+                        help="with --check: write \"(the code has changed since)\" after the "
+                             "commit of each such table that does not say so")
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.write and not args.check:
+        parser.error("--write goes with --check")
+    if args.check:
+        import figures
+
+        return figures.check(write=args.write)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if sorted(set(backends) - set(BACKENDS)):
         parser.error(f"--backends must be a subset of {','.join(BACKENDS)}")
@@ -385,4 +399,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    common.run_script(main)
+    sys.exit(common.run_script(main))

@@ -25,6 +25,7 @@ import fcntl
 import gzip
 import http.server
 import importlib
+import importlib.util
 import io
 import os
 import threading
@@ -42,6 +43,15 @@ from keras_transformer.tokenizers import SubwordTokenizer
 
 # The repository's root: the working directory of the tests' subprocesses.
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def benchmark_module(name):
+    """benchmarks/NAME.py, imported from its file (benchmarks/ is not a package)."""
+    path = os.path.join(REPOSITORY, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 SHARED_DATA = os.path.join(REPOSITORY, "..", "shared",
                            "data")

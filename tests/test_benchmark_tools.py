@@ -2,27 +2,17 @@
 scripts that ran, and a rerun that keeps the hand-written sections of
 benchmarks/RESULTS.md without bringing dated history back."""
 
-import importlib.util
 import os
 import re
 import types
 
 import pytest
-from helpers import REPOSITORY
+from helpers import REPOSITORY, benchmark_module
 
 # What is tested here does not depend on the backend: it runs in one pass.
 pytestmark = pytest.mark.once("torch")
 
 RESULTS = os.path.join(REPOSITORY, "benchmarks", "RESULTS.md")
-
-
-def benchmark_module(name):
-    """benchmarks/NAME.py, imported from its file (benchmarks/ is not a package)."""
-    path = os.path.join(REPOSITORY, "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -2,28 +2,17 @@
 precision), its torch.nn.Transformer peer (gpu_peer.py) and the real-corpus id
 frequencies it can draw from (id_frequencies.py)."""
 
-import importlib.util
 import json
-import os
 
 import keras
 import numpy as np
 import pytest
-from helpers import REPOSITORY
-
-
-def load_script(name):
-    """A benchmarks/ script as a module (the folder is no package)."""
-    path = os.path.join(REPOSITORY, "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def gpu():
-    return load_script("gpu")
+    return benchmark_module("gpu")
 
 
 def test_copy_batches_are_a_copy_task_with_one_padding_row_per_batch(gpu):
@@ -82,7 +71,7 @@ def test_id_frequencies_counts_the_ids_of_a_tokenized_corpus(tmp_path, capsys):
         for language, lines in sentences.items():
             (tmp_path / f"{split}.{language}").write_text("\n".join(lines) + "\n")
     output = tmp_path / "ids.npy"
-    load_script("id_frequencies").main(["--data-dir", str(tmp_path), "--vocab-size", "40",
+    benchmark_module("id_frequencies").main(["--data-dir", str(tmp_path), "--vocab-size", "40",
                                         "--output", str(output)])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     counts = np.load(output)

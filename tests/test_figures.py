@@ -9,52 +9,20 @@ one of the repository's. A table of numbers that are not measurements (the paper
 hyperparameters, say) says so with `<!-- not measured -->` on the line before it.
 """
 
-import glob
 import os
-import re
 import subprocess
 
 import pytest
-from helpers import REPOSITORY
+from helpers import REPOSITORY, benchmark_module
 
 pytestmark = pytest.mark.once("torch")
 
-PAGES = ["README.md", *sorted(os.path.relpath(path, REPOSITORY) for path in
-                              glob.glob(os.path.join(REPOSITORY, "docs", "*.md"))),
-         "benchmarks/RESULTS.md"]
-FIGURE = re.compile(r"(?<![§\w.])\d+\.\d+(?![\w.])|\b\d{1,3}(?:,\d{3})+\b"
-                    r"|\b\d+(?:\.\d+)?\s?(?:%|×|ms\b|s\b|min\b|tok/s|MiB\b)")
-COMMIT = re.compile(r"\bcommits? `([0-9a-f]{7,40})`")
-NOT_MEASURED = "<!-- not measured -->"
 
-
-def tables(text):
-    """(first line number, section text, table lines, marked not measured) of each
-    table of a Markdown page, outside code blocks."""
-    lines = text.splitlines()
-    found, fenced, index = [], False, 0
-    headings = [i for i, line in enumerate(lines) if line.startswith("#")]
-    while index < len(lines):
-        line = lines[index]
-        if line.startswith("```"):
-            fenced = not fenced
-        if fenced or not line.startswith("|"):
-            index += 1
-            continue
-        end = index
-        while end < len(lines) and lines[end].startswith("|"):
-            end += 1
-        above = max([h for h in headings if h < index], default=0)
-        below = min([h for h in headings if h > index], default=len(lines))
-        marked = index > 0 and lines[index - 1].strip() == NOT_MEASURED
-        found.append((index + 1, "\n".join(lines[above:below]), lines[index:end], marked))
-        index = end
-    return found
-
-
-def is_table_of_figures(table_lines):
-    cells = [cell for row in table_lines[2:] for cell in row.split("|")]
-    return any(FIGURE.search(cell) for cell in cells)
+# The tables, their commits, and which were measured on code that has changed since.
+figures = benchmark_module("figures")
+PAGES = figures.pages(REPOSITORY)
+COMMIT = figures.COMMIT
+tables, is_table_of_figures = figures.tables, figures.is_table_of_figures
 
 
 def test_tables_of_figures_are_recognised():
@@ -83,9 +51,67 @@ def known_commit(commit):
 
 @pytest.mark.parametrize("page", PAGES)
 def test_the_commits_named_are_the_repositorys(page):
-    if subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPOSITORY,
-                      capture_output=True, text=True).stdout.strip() != "false":
+    if figures.is_shallow(REPOSITORY):
         pytest.skip("not a full git clone: its history cannot be checked")
     with open(os.path.join(REPOSITORY, page), encoding="utf-8") as file:
         commits = set(COMMIT.findall(file.read()))
     assert [commit for commit in sorted(commits) if not known_commit(commit)] == []
+
+
+def git(folder, *arguments):
+    return subprocess.run(["git", *arguments], cwd=folder, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_a_table_is_stale_when_the_code_its_command_imports_changes(tmp_path):
+    """In a repository of its own: a page's table measured by benchmarks/speed.py, which
+    imports keras_transformer.fast; a docstring edit leaves it current, a code edit makes
+    it stale, and --write labels it."""
+    files = {"keras_transformer/__init__.py": "",
+             "keras_transformer/fast.py": '"""Fast."""\n\ndef f():\n    return 1\n',
+             "keras_transformer/other.py": "def g():\n    return 2\n",
+             "benchmarks/speed.py": "from keras_transformer import fast\n"}
+    for name, text in files.items():
+        os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code",
+        "--allow-empty")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code")
+    commit = git(tmp_path, "rev-parse", "--short=7", "HEAD")
+    os.makedirs(tmp_path / "docs")
+    page = tmp_path / "docs" / "speed.md"
+    page.write_text(f"# Speed\n\nAt commit `{commit}`, `python benchmarks/speed.py`:\n\n"
+                    "| run | ms |\n| --- | --- |\n| one | 12.5 |\n")
+    lines = []
+    assert figures.check(root=str(tmp_path), out=lines.append) == 0
+    assert lines == ["0 stale tables of figures, 0 of them unlabelled"]
+
+    (tmp_path / "keras_transformer/fast.py").write_text(
+        '"""Faster, says the docstring."""\n\n# a comment\ndef f():\n    return 1\n')
+    (tmp_path / "keras_transformer/other.py").write_text("def g():\n    return 3\n")
+    assert figures.stale_tables(str(tmp_path)) == []  # other.py is not imported
+
+    (tmp_path / "keras_transformer/fast.py").write_text("def f():\n    return 2\n")
+    [table] = figures.stale_tables(str(tmp_path))
+    assert (table.page, table.line, table.changed, table.labelled) == (
+        "docs/speed.md", 5, ("keras_transformer/fast.py",), False)
+    lines.clear()
+    assert figures.check(root=str(tmp_path), out=lines.append) == 1
+    assert "docs/speed.md:5" in lines[0] and "UNLABELLED" in lines[0]
+    assert figures.check(write=True, root=str(tmp_path), out=lines.append) == 0
+    assert f"commit `{commit}` (the code has changed since)," in page.read_text()
+    [table] = figures.stale_tables(str(tmp_path))
+    assert table.labelled
+
+
+def test_every_stale_table_of_figures_says_so():
+    """`python benchmarks/run_all.py --check`: no table measured on code that has changed
+    since its commit without "the code has changed since" (--write adds it)."""
+    if figures.is_shallow(REPOSITORY):
+        pytest.skip("not a full git clone: its history cannot be checked")
+    unlabelled = [f"{t.page}:{t.line} (commit {', '.join(t.commits)}; changed: "
+                  f"{', '.join(t.changed[:3])}...)"
+                  for t in figures.stale_tables(REPOSITORY) if not t.labelled]
+    assert unlabelled == [], "run python benchmarks/run_all.py --check --write"

@@ -1,0 +1,250 @@
+"""Which tables of figures were measured on code that has changed since their commit.
+
+A table of figures is a Markdown table of README.md, docs/ or benchmarks/RESULTS.md with a
+measurement in a cell (a decimal number, thousands separators, or a unit: %, ×, ms, s, min,
+tok/s, MiB); it names the commit it was measured at in its section (from the heading above
+it to the next), `tests/test_figures.py` checks that it does. The code it measured is what
+the section's commands run: benchmark scripts (`benchmarks/NAME.py`), recipes
+(`python -m recipes.NAME`) and `keras-transformer` commands, with every file of this
+repository they import, followed through each import statement (those inside functions
+too) and each sibling script a benchmark names (`"decoding_peers.py"`, which it starts); a
+section that names no command measured the whole program. The table is stale when one of
+those files' code differs between a commit its section names and the working tree,
+docstrings and comments left out (a reworded docstring changes no figure). A stale table is
+labelled when its section says "the code has changed since".
+
+    python benchmarks/run_all.py --check           # list them; status 1 if one is unlabelled
+    python benchmarks/run_all.py --check --write   # label the unlabelled ones in their pages
+"""
+
+import ast
+import glob
+import os
+import re
+import subprocess
+from typing import NamedTuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIGURE = re.compile(r"(?<![§\w.])\d+\.\d+(?![\w.])|\b\d{1,3}(?:,\d{3})+\b"
+                    r"|\b\d+(?:\.\d+)?\s?(?:%|×|ms\b|s\b|min\b|tok/s|MiB\b)")
+COMMIT = re.compile(r"\bcommits? `([0-9a-f]{7,40})`")
+NOT_MEASURED = "<!-- not measured -->"
+LABEL = "the code has changed since"
+COMMAND = re.compile(r"benchmarks/(\w+)\.py|recipes\.(\w+)|keras-transformer (\w+)")
+# The program's folders: what a section with no command measured.
+PROGRAM = ("keras_transformer", "keras_transformer_app", "recipes", "benchmarks")
+
+
+class Table(NamedTuple):
+    page: str
+    line: int  # of its first row, counted from 1
+    commits: tuple
+    changed: tuple  # the files whose code changed since one of the commits
+    labelled: bool
+
+
+def pages(root=ROOT):
+    """The pages whose tables are checked, relative to `root`."""
+    docs = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.md")))
+    return [p for p in ["README.md", *docs, "benchmarks/RESULTS.md"]
+            if os.path.exists(os.path.join(root, p))]
+
+
+def tables(text):
+    """(first line number, section text, table lines, marked not measured) of each
+    table of a Markdown page, outside code blocks."""
+    lines = text.splitlines()
+    found, fenced, index = [], False, 0
+    headings = [i for i, line in enumerate(lines) if line.startswith("#")]
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not line.startswith("|"):
+            index += 1
+            continue
+        end = index
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        above = max([h for h in headings if h < index], default=0)
+        below = min([h for h in headings if h > index], default=len(lines))
+        marked = index > 0 and lines[index - 1].strip() == NOT_MEASURED
+        found.append((index + 1, "\n".join(lines[above:below]), lines[index:end], marked))
+        index = end
+    return found
+
+
+def is_table_of_figures(table_lines):
+    cells = [cell for row in table_lines[2:] for cell in row.split("|")]
+    return any(FIGURE.search(cell) for cell in cells)
+
+
+def entry_files(section, root=ROOT):
+    """The repository's files that the section's commands start, or None when it
+    names none."""
+    files = set()
+    for script, recipe, command in COMMAND.findall(section):
+        path = (f"benchmarks/{script}.py" if script else f"recipes/{recipe}.py" if recipe
+                else "keras_transformer/cli/__main__.py")
+        if os.path.exists(os.path.join(root, path)):
+            files.add(path)
+    return files or None
+
+
+def program_files(root=ROOT):
+    return {os.path.relpath(path, root) for folder in PROGRAM
+            for path in glob.glob(os.path.join(root, folder, "**", "*.py"), recursive=True)}
+
+
+def imported_files(files, root=ROOT):
+    """`files` with every file of the repository they import, transitively."""
+    seen, todo = set(), list(files)
+    while todo:
+        path = todo.pop()
+        if path in seen or not os.path.exists(os.path.join(root, path)):
+            continue
+        seen.add(path)
+        with open(os.path.join(root, path), encoding="utf-8") as file:
+            source = file.read()
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        todo.extend(_imports(tree, path, root))
+    return seen
+
+
+def _imports(tree, path, root):
+    """The repository files that `path`'s import statements (and, in benchmarks/, the
+    sibling scripts it names in strings) may load."""
+    folder = os.path.dirname(path)
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's own package
+                package = folder.split("/")[:len(folder.split("/")) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and folder == "benchmarks" and re.fullmatch(r"\w+\.py", node.value)):
+            yield f"benchmarks/{node.value}"
+    for name in filter(None, names):
+        parts = name.split(".")
+        if folder == "benchmarks" and len(parts) == 1:  # a sibling: `import common`
+            yield f"benchmarks/{parts[0]}.py"
+        for end in range(1, len(parts) + 1):  # a.b.c runs a/__init__.py, a/b/__init__.py
+            stem = "/".join(parts[:end])
+            yield f"{stem}.py"
+            yield f"{stem}/__init__.py"
+
+
+def code_of(source):
+    """The source's syntax tree without docstrings, as text (comments and layout are not
+    in it); the source itself when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def changed_since(commit, files, root=ROOT):
+    """The files among `files` whose code differs between `commit` and the working tree."""
+    changed = []
+    for path in sorted(files):
+        old = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=root,
+                             capture_output=True, text=True)
+        new_path = os.path.join(root, path)
+        new = open(new_path, encoding="utf-8").read() if os.path.exists(new_path) else None
+        if old.returncode != 0 or new is None or code_of(old.stdout) != code_of(new):
+            changed.append(path)
+    return changed
+
+
+def stale_tables(root=ROOT):
+    """Every stale table of figures (`Table`), page by page."""
+    stale, changes = [], {}
+    for page in pages(root):
+        with open(os.path.join(root, page), encoding="utf-8") as file:
+            text = file.read()
+        for line, section, table, marked in tables(text):
+            commits = tuple(dict.fromkeys(COMMIT.findall(section)))
+            if marked or not commits or not is_table_of_figures(table):
+                continue
+            files = frozenset(imported_files(entry_files(section, root) or
+                                             program_files(root), root))
+            changed = set()
+            for commit in commits:
+                if (commit, files) not in changes:
+                    changes[commit, files] = changed_since(commit, files, root)
+                changed.update(changes[commit, files])
+            if changed:
+                stale.append(Table(page, line, commits, tuple(sorted(changed)),
+                                   LABEL in section.lower()))
+    return stale
+
+
+def label(page, line, root=ROOT):
+    """Writes LABEL after the first commit its section names, for the table at `line`."""
+    path = os.path.join(root, page)
+    with open(path, encoding="utf-8") as file:
+        lines = file.read().split("\n")
+    start = max([i for i, text in enumerate(lines[:line - 1]) if text.startswith("#")],
+                default=0)
+    for index in range(start, len(lines)):
+        match = COMMIT.search(lines[index])
+        if match:
+            lines[index] = (lines[index][:match.end()] + f" ({LABEL})"
+                            + lines[index][match.end():])
+            break
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("\n".join(lines))
+
+
+def check(write=False, root=ROOT, out=print):
+    """Lists the stale tables; with `write`, labels the unlabelled ones. Returns the exit
+    status: 1 when an unlabelled one is left."""
+    if is_shallow(root):
+        out("not a full git clone: the commits' code cannot be compared (git fetch --unshallow)")
+        return 0
+    stale = stale_tables(root)
+    unlabelled = [table for table in stale if not table.labelled]
+    for table in stale:
+        files = ", ".join(table.changed[:4]) + (
+            f" and {len(table.changed) - 4} more" if len(table.changed) > 4 else "")
+        state = "labelled" if table.labelled else ("LABELLED NOW" if write else "UNLABELLED")
+        out(f"{table.page}:{table.line}  commit {', '.join(table.commits)}  {state}: "
+            f"changed since: {files}")
+    if write:
+        done = set()
+        for table in unlabelled:
+            # One label a section: the tables after the first in it share it.
+            if not any(t.page == table.page and _same_section(t, table, root) for t in done):
+                label(table.page, table.line, root)
+                done.add(table)
+    out(f"{len(stale)} stale tables of figures, {len(unlabelled)} of them unlabelled"
+        + (" (labelled now)" if write and unlabelled else ""))
+    return 1 if unlabelled and not write else 0
+
+
+def is_shallow(root=ROOT):
+    """Whether `root` is a shallow clone (or not a git checkout at all)."""
+    result = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=root,
+                            capture_output=True, text=True)
+    return result.returncode != 0 or result.stdout.strip() != "false"
+
+
+def _same_section(a, b, root):
+    with open(os.path.join(root, a.page), encoding="utf-8") as file:
+        lines = file.read().split("\n")
+    between = lines[min(a.line, b.line) - 1:max(a.line, b.line)]
+    return not any(text.startswith("#") for text in between)

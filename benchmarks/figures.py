@@ -189,12 +189,13 @@ def stale_tables(root=ROOT):
                 changed.update(changes[commit, files])
             if changed:
                 stale.append(Table(page, line, commits, tuple(sorted(changed)),
-                                   LABEL in section.lower()))
+                                   LABEL in " ".join(section.lower().split())))
     return stale
 
 
 def label(page, line, root=ROOT):
-    """Writes LABEL after the first commit its section names, for the table at `line`."""
+    """Writes "(the code has changed since)" after the first commit its section names,
+    for the table at `line` ("(the code has changed since; ..." into a parenthesis there)."""
     path = os.path.join(root, page)
     with open(path, encoding="utf-8") as file:
         lines = file.read().split("\n")
@@ -203,8 +204,10 @@ def label(page, line, root=ROOT):
     for index in range(start, len(lines)):
         match = COMMIT.search(lines[index])
         if match:
-            lines[index] = (lines[index][:match.end()] + f" ({LABEL})"
-                            + lines[index][match.end():])
+            before, after = lines[index][:match.end()], lines[index][match.end():]
+            # A parenthesis that follows the commit takes the label first.
+            lines[index] = (f"{before} ({LABEL}; {after[2:]}" if after.startswith(" (")
+                            else f"{before} ({LABEL}){after}")
             break
     with open(path, "w", encoding="utf-8") as file:
         file.write("\n".join(lines))

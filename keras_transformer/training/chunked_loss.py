@@ -22,7 +22,6 @@ argmax. Calls, `predict` and decoding still give logits.
 """
 
 import contextlib
-import threading
 
 from keras import ops
 
@@ -171,9 +170,6 @@ def _chunked(labels, weights, pad, chunk_size):
             ops.reshape(weights, (-1, chunk_size)))
 
 
-_COUNT_LOCK = threading.Lock()
-
-
 class ChunkedLossModel:
     """Mixin of a `keras.Model` whose loss takes its decoder states in `fit` and `evaluate`.
 
@@ -186,14 +182,17 @@ class ChunkedLossModel:
     `test_step`, `compute_loss` and `compute_metrics` around them.
     """
 
-    # Steps of a chunked loss running now: a count, not a flag, as a `MirroredStrategy`
-    # traces its replicas' steps in threads of their own, at the same time.
-    _steps_on_states = 0
-
     def states_for_loss(self):
         """Whether a train or test step of a chunked loss is running (the model's call
         then returns the states the projection would take)."""
-        return self._steps_on_states > 0
+        return bool(self._steps_on_states())
+
+    def _steps_on_states(self):
+        """The steps of a chunked loss running now, one entry each: a list, not a flag,
+        as a `MirroredStrategy` traces its replicas' steps in threads of their own at
+        the same time (appending and popping are atomic). Kept in the instance's
+        `__dict__`, out of Keras's attribute tracking."""
+        return self.__dict__.setdefault("_chunked_loss_steps", [])
 
     def loss_chunk_size(self):
         """The compiled loss's `chunk_size`, or None."""
@@ -204,13 +203,12 @@ class ChunkedLossModel:
         if not self.loss_chunk_size():
             yield
             return
-        with _COUNT_LOCK:
-            self._steps_on_states += 1
+        steps = self._steps_on_states()
+        steps.append(None)
         try:
             yield
         finally:
-            with _COUNT_LOCK:
-                self._steps_on_states -= 1
+            steps.pop()
 
     def train_step(self, *args, **kwargs):
         with self._step_on_states():

@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_transformer import backend, id_checks
+from keras_transformer.chunked_loss import ChunkedLossModel
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
 from keras_transformer.layers.embedding import (
@@ -19,7 +20,6 @@ from keras_transformer.layers.embedding import (
     SinusoidalPositionEncoding,
     TokenEmbedding,
 )
-from keras_transformer.training.chunked_loss import ChunkedLossModel
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

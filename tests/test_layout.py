@@ -21,7 +21,7 @@ PACKAGE = "keras_transformer"
 RINGS = [
     {"validation", "config", "backend", "compat"},
     {"layers"},
-    {"model", "id_checks"},
+    {"model", "id_checks", "chunked_loss"},
     {"tokenizers", "run_files"},
     {"inference", "evaluation", "data"},
     {"export"},

@@ -43,7 +43,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         chunk_size: Positions scored at a time when a `Transformer` trains with
             this loss: the model then hands it the decoder's states, and the
             projection and the loss run chunk by chunk, so the (tokens × vocab)
-            logits never exist whole (`keras_transformer.training.chunked_loss`).
+            logits never exist whole (`keras_transformer.chunked_loss`).
             None (the default): the model gives logits. A call on logits
             computes as without it.
         name: Loss name.

@@ -1,5 +1,5 @@
 """The projection and the label-smoothed loss in chunks of positions
-(`keras_transformer.training.chunked_loss`): the same values and gradients as the
+(`keras_transformer.chunked_loss`): the same values and gradients as the
 projection followed by `LabelSmoothedCrossEntropy`, and the same training under `fit`,
 on every backend."""
 
@@ -13,7 +13,7 @@ from keras import ops
 
 import keras_transformer as kt
 from keras_transformer import LabelSmoothedCrossEntropy, MaskedTokenAccuracy
-from keras_transformer.training.chunked_loss import projected_loss
+from keras_transformer.chunked_loss import projected_loss
 
 RNG = np.random.default_rng(3)
 

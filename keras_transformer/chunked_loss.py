@@ -79,17 +79,8 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
                 return carry
             return _add_gradients(carry, i, h, y, w, ops.exp(log_probs), flat_kernel)
 
-        chunks = ops.shape(y_chunks)[0]
-        carry = {"total": ops.zeros((), "float32"),
-                 "ids": ops.zeros(ops.shape(y_chunks), "int32")}
-        if with_gradient:
-            d_model = ops.shape(kernel)[0]
-            carry.update(d_hidden=ops.zeros(ops.shape(hidden_chunks), hidden.dtype),
-                         d_kernel=ops.zeros(ops.shape(kernel), "float32"),
-                         d_label_rows=ops.zeros((vocab, d_model), "float32"),
-                         weighted_hidden=ops.zeros((d_model,), "float32"),
-                         d_bias=ops.zeros((vocab,), "float32"))
-        carry = ops.fori_loop(0, chunks, chunk, carry)
+        carry = ops.fori_loop(0, ops.shape(y_chunks)[0], chunk,
+                              _initial_carry(hidden_chunks, y_chunks, kernel, with_gradient))
         predictions = ops.reshape(carry["ids"], (-1,))[:count]
         # One output (PyTorch's custom gradients take one): the sum, then the ids.
         result = ops.concatenate([carry["total"][None], ops.cast(predictions, "float32")])
@@ -114,6 +105,19 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
     scored = (ops.custom_gradient(forward) if with_gradient else forward)(hidden, kernel, *bias)
     # Ids below 2^24 are exact in float32.
     return scored[0], ops.cast(ops.stop_gradient(scored[1:]), "int32")
+
+
+def _initial_carry(hidden_chunks, y_chunks, kernel, with_gradient):
+    """The loop's sums at zero: the loss and the ids, and with the gradient its parts."""
+    carry = {"total": ops.zeros((), "float32"), "ids": ops.zeros(ops.shape(y_chunks), "int32")}
+    if with_gradient:
+        d_model, vocab = ops.shape(kernel)
+        carry.update(d_hidden=ops.zeros(ops.shape(hidden_chunks), hidden_chunks.dtype),
+                     d_kernel=ops.zeros(ops.shape(kernel), "float32"),
+                     d_label_rows=ops.zeros((vocab, d_model), "float32"),
+                     weighted_hidden=ops.zeros((d_model,), "float32"),
+                     d_bias=ops.zeros((vocab,), "float32"))
+    return carry
 
 
 def _add_gradients(carry, i, h, y, w, probs, flat_kernel):

@@ -22,6 +22,7 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 
     start()
 
+import argparse
 import json
 import os
 import subprocess
@@ -53,14 +54,8 @@ def build_parser():
     parser.add_argument("--quick", action="store_true",
                         help="a tiny model and few steps (figures meaningless)")
     parser.add_argument("--output", help="also write the figures to this JSON file")
-    parser.add_argument("--child", help=argparse_suppress())
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser
-
-
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 def child(args):

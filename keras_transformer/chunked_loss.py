@@ -25,8 +25,6 @@ import contextlib
 
 from keras import ops
 
-from keras_transformer.backend import global_sum
-
 
 def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk_size,
                    with_gradient=True):
@@ -227,15 +225,7 @@ class ChunkedLossModel:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         loss = self.loss
         labels = ops.cast(y, "int32")
-        real = ops.cast(ops.not_equal(labels, loss.pad_id), "float32")
-        # The tokens of the whole global batch, as `LabelSmoothedCrossEntropy` counts.
-        token_count = global_sum(ops.sum(real))
-        weights = real
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            if len(sample_weight.shape) == 1:
-                sample_weight = sample_weight[:, None]
-            weights = weights * sample_weight
+        weights, token_count = loss.position_weights(labels, sample_weight)
         kernel, bias = self.output_projection_weights()
         d_model = ops.shape(y_pred)[-1]
         total, predictions = projected_loss(

@@ -95,16 +95,23 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         losses = self.call(y_true, y_pred)
-        weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
-        # The tokens of the whole global batch: under a TF MirroredStrategy each
-        # replica sees a slice, and the replicas' gradients are summed.
+        weights, token_count = self.position_weights(y_true, sample_weight)
+        return ops.divide_no_nan(ops.sum(losses * weights), token_count)
+
+    def position_weights(self, y_true, sample_weight=None):
+        """Each position's weight in the loss, (batch, T) float32 (0 at padding, the
+        sample's weight elsewhere), and the count of non-padding tokens the loss's sum
+        is divided by: those of the whole global batch, since under a TF
+        MirroredStrategy each replica sees a slice and the replicas' gradients are
+        summed."""
+        weights = ops.cast(ops.not_equal(ops.cast(y_true, "int32"), self.pad_id), "float32")
         token_count = global_sum(ops.sum(weights))
         if sample_weight is not None:
             sample_weight = ops.cast(sample_weight, "float32")
             if len(sample_weight.shape) == 1:
                 sample_weight = sample_weight[:, None]
             weights = weights * sample_weight
-        return ops.divide_no_nan(ops.sum(losses * weights), token_count)
+        return weights, token_count
 
     def get_config(self):
         return {

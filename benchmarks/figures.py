@@ -157,22 +157,25 @@ def code_of(source):
     return ast.dump(tree)
 
 
-def changed_since(commit, files, root=ROOT):
-    """The files among `files` whose code differs between `commit` and the working tree."""
-    changed = []
-    for path in sorted(files):
-        old = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=root,
-                             capture_output=True, text=True)
-        new_path = os.path.join(root, path)
-        new = open(new_path, encoding="utf-8").read() if os.path.exists(new_path) else None
-        if old.returncode != 0 or new is None or code_of(old.stdout) != code_of(new):
-            changed.append(path)
-    return changed
+def changed_since(commit, files, root=ROOT, known=None):
+    """The files among `files` whose code differs between `commit` and the working tree;
+    `known` ({(commit, path): differs}) keeps the answers across calls."""
+    known = {} if known is None else known
+    for path in files:
+        if (commit, path) not in known:
+            old = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=root,
+                                 capture_output=True, text=True)
+            new_path = os.path.join(root, path)
+            new = (open(new_path, encoding="utf-8").read() if os.path.exists(new_path)
+                   else None)
+            known[commit, path] = (old.returncode != 0 or new is None
+                                   or code_of(old.stdout) != code_of(new))
+    return sorted(path for path in files if known[commit, path])
 
 
 def stale_tables(root=ROOT):
     """Every stale table of figures (`Table`), page by page."""
-    stale, changes = [], {}
+    stale, known = [], {}
     for page in pages(root):
         with open(os.path.join(root, page), encoding="utf-8") as file:
             text = file.read()
@@ -180,13 +183,9 @@ def stale_tables(root=ROOT):
             commits = tuple(dict.fromkeys(COMMIT.findall(section)))
             if marked or not commits or not is_table_of_figures(table):
                 continue
-            files = frozenset(imported_files(entry_files(section, root) or
-                                             program_files(root), root))
-            changed = set()
-            for commit in commits:
-                if (commit, files) not in changes:
-                    changes[commit, files] = changed_since(commit, files, root)
-                changed.update(changes[commit, files])
+            files = imported_files(entry_files(section, root) or program_files(root), root)
+            changed = {path for commit in commits
+                       for path in changed_since(commit, files, root, known)}
             if changed:
                 stale.append(Table(page, line, commits, tuple(sorted(changed)),
                                    LABEL in " ".join(section.lower().split())))

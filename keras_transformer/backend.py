@@ -14,6 +14,9 @@ depends on the backend beyond that lives here:
   resumed or repeated run does not compile its train step again;
 * `global_sum`: a sum over the replicas of a `tf.distribute` strategy (§5.2),
   for the loss's token count;
+* `call_part`: how a layer calls the layers it is made of (`Dense`,
+  `LayerNormalization`, its blocks, ...), which under PyTorch skips Keras's
+  `__call__` where that changes nothing;
 * `write_cache`: what the attention cache calls instead of
   `ops.slice_update`, so that a traced PyTorch search
   (`keras_transformer.inference.compiled`, inside `cache_writes_in_place`)
@@ -145,6 +148,45 @@ def global_sum(value):
     if context is None or context.num_replicas_in_sync == 1:
         return value
     return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def call_part(layer, inputs, *args, **kwargs):
+    """`layer(inputs, *args, **kwargs)`, for a layer that a layer of ours builds as
+    one of its parts: Keras's (`Dense`, `LayerNormalization`, `Dropout`, ...) or ours
+    (the blocks, the attention, the embeddings), `training` given by the caller.
+
+    Under PyTorch every eager call of `Layer.__call__` converts the inputs, binds the
+    call's signature, resolves the call context and the masks and opens name and
+    autocast scopes: about 90 µs on a CPU, more than a small model's op itself, and the
+    largest share of its step's host time (`benchmarks/torch_overhead.py`). There the
+    part runs its `call` directly when that gives what `__call__` would
+    (`runs_directly`). The other backends pay `__call__` once, when they trace the
+    step, and keep it.
+    """
+    if runs_directly(layer, inputs):
+        return layer.call(inputs, *args, **kwargs)
+    return layer(inputs, *args, **kwargs)
+
+
+def runs_directly(layer, inputs):
+    """Whether `call_part` runs `layer.call(inputs, ...)` without `Layer.__call__`:
+    under PyTorch, for a built, unquantized layer whose variables are kept in its
+    compute dtype, on a tensor that is already in that dtype (or not a float).
+
+    Everything else goes through `__call__`: a mixed policy, which opens the
+    autocast scope its variables are read in; NumPy or mistyped inputs, which it
+    converts; and a symbolic call (tensors on the "meta" device), which it states.
+    """
+    import keras
+
+    if (keras.backend.backend() != "torch" or not keras.ops.is_tensor(inputs)
+            or inputs.is_meta or not layer.built or layer.quantization_mode is not None):
+        return False
+    policy = layer.dtype_policy
+    if policy.compute_dtype != policy.variable_dtype:
+        return False
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    return dtype == policy.compute_dtype or not keras.backend.is_float_dtype(dtype)
 
 
 # Whether `write_cache` writes in place in this thread: only while a search

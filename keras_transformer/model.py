@@ -191,12 +191,13 @@ class Transformer(id_checks.IdCheckedModel, ChunkedLossModel, keras.Model):
             (batch, S) bool.
         """
         source_mask = self.padding_mask(source_ids)
-        x = self.source_embedding(source_ids)
-        x = self.embedding_dropout(x + self.source_position(x), training=training)
+        x = backend.call_part(self.source_embedding, source_ids)
+        x = backend.call_part(self.embedding_dropout,
+                              x + backend.call_part(self.source_position, x), training=training)
         for block in self.encoder_blocks:
-            x = block(x, padding_mask=source_mask, training=training)
+            x = backend.call_part(block, x, padding_mask=source_mask, training=training)
         if self.encoder_norm is not None:
-            x = self.encoder_norm(x)
+            x = backend.call_part(self.encoder_norm, x)
         return x, source_mask
 
     def initial_cache(self, encoder_outputs, max_length, beam_size=1):
@@ -319,26 +320,27 @@ class Transformer(id_checks.IdCheckedModel, ChunkedLossModel, keras.Model):
         if cache is not None and cache_update_index is None:
             raise ValueError("decode() with a cache needs cache_update_index.")
         start_index = 0 if cache_update_index is None else cache_update_index
-        x = self.target_embedding(target_ids)
-        x = x + self.target_position(x, start_index=start_index)
-        x = self.embedding_dropout(x, training=training)
+        x = backend.call_part(self.target_embedding, target_ids)
+        x = x + backend.call_part(self.target_position, x, start_index=start_index)
+        x = backend.call_part(self.embedding_dropout, x, training=training)
         if cache is None:
             # Targets are padded on the right: causality alone (the backends'
             # causal kernel) keeps each real position from the padding after
             # it, and the loss and metrics ignore the padded positions' logits.
             for block in self.decoder_blocks:
-                x = block(x, encoder_outputs, encoder_padding_mask=source_padding_mask,
-                          training=training)
+                x = backend.call_part(block, x, encoder_outputs,
+                                      encoder_padding_mask=source_padding_mask,
+                                      training=training)
             if self.states_for_loss():  # a chunked loss projects them (ChunkedLossModel)
-                return x if self.decoder_norm is None else self.decoder_norm(x)
+                return x if self.decoder_norm is None else backend.call_part(self.decoder_norm, x)
             return self.project_outputs(x)
         self_caches = []
         for block, self_cache, cross_cache in zip(self.decoder_blocks, cache["self"],
                                                   cache["cross"]):
-            x, self_cache = block(x, encoder_outputs, encoder_padding_mask=source_padding_mask,
-                                  self_attention_cache=self_cache,
-                                  cache_update_index=cache_update_index,
-                                  cross_attention_cache=cross_cache, training=training)
+            x, self_cache = backend.call_part(
+                block, x, encoder_outputs, encoder_padding_mask=source_padding_mask,
+                self_attention_cache=self_cache, cache_update_index=cache_update_index,
+                cross_attention_cache=cross_cache, training=training)
             self_caches.append(self_cache)
         logits = self.project_outputs(x, reverse_kernel=cache.get("reverse_kernel"))
         return logits, {**cache, "self": self_caches}
@@ -385,10 +387,11 @@ class Transformer(id_checks.IdCheckedModel, ChunkedLossModel, keras.Model):
         its matrix made beforehand (the cache's "reverse_kernel")."""
         x = decoder_outputs
         if self.decoder_norm is not None:
-            x = self.decoder_norm(x)
+            x = backend.call_part(self.decoder_norm, x)
         if self.output_projection is None:
-            return self.target_embedding(x, reverse=True, reverse_kernel=reverse_kernel)
-        return ops.cast(self.output_projection(x), "float32")
+            return backend.call_part(self.target_embedding, x, reverse=True,
+                                     reverse_kernel=reverse_kernel)
+        return ops.cast(backend.call_part(self.output_projection, x), "float32")
 
     def output_projection_weights(self):
         """The pre-softmax projection as (d_model, vocab) kernel in the compute dtype

@@ -398,8 +398,8 @@ class MultiHeadAttention(keras.layers.Layer):
             scale = 1.0 / math.sqrt(self._key_dim)
             return ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
                                              is_causal=is_causal)
-        weights = self.attention_dropout(self._softmax_weights(query, key, mask),
-                                         training=training)
+        weights = backend.call_part(self.attention_dropout,
+                                    self._softmax_weights(query, key, mask), training=training)
         return ops.einsum("bnts,bsnh->btnh", ops.cast(weights, value.dtype), value)
 
     def _softmax_weights(self, query, key, mask):

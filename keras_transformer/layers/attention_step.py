@@ -18,6 +18,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer import backend
+
 # Added to the float32 logits of masked positions on the explicit paths. Any
 # value far below real logits works; this one stays finite in float32.
 MASKED_LOGIT = -1e9
@@ -86,7 +88,8 @@ def single_query_attention(query, key, value, mask, num_heads, key_dim, value_di
 
 
 def project(dense, inputs, step):
-    """`dense(inputs)`, one of the four projections (`EinsumDense`).
+    """`dense(inputs)`, one of the four projections (`EinsumDense`), called
+    as a part (`backend.call_part`).
 
     In a decoding `step` under torch, a plain layer (not quantized, no
     LoRA) runs as one `matmul` against its kernel seen as a matrix, because
@@ -104,7 +107,7 @@ def project(dense, inputs, step):
     """
     if not step or keras.backend.backend() != "torch" or dense.lora_enabled \
             or dense.quantization_mode is not None:
-        return dense(inputs)
+        return backend.call_part(dense, inputs)
     kernel = dense.kernel
     batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
     if len(inputs.shape) == 4:  # output_dense, its kernel (n, h, d)

@@ -17,7 +17,7 @@ blocks' attention weights, for plots.
 import keras
 from keras import ops
 
-from keras_transformer import validation
+from keras_transformer import backend, validation
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 
@@ -155,28 +155,30 @@ class EncoderBlock(_Block):
 
         # Multi-head self-attention (§3.2.2).
         residual = inputs
-        x = self.self_attention_norm(inputs) if pre_norm else inputs
-        x = self.self_attention(x, key_padding_mask=padding_mask, training=training)
-        x = self.self_attention_dropout(x, training=training)
+        x = backend.call_part(self.self_attention_norm, inputs) if pre_norm else inputs
+        x = backend.call_part(self.self_attention, x, key_padding_mask=padding_mask,
+                              training=training)
+        x = backend.call_part(self.self_attention_dropout, x, training=training)
         x = x + residual
         if not pre_norm:
-            x = self.self_attention_norm(x)
+            x = backend.call_part(self.self_attention_norm, x)
 
         # Position-wise feed-forward network (§3.3).
         residual = x
-        x = self.feed_forward_norm(x) if pre_norm else x
-        x = self.feed_forward(x, training=training)
-        x = self.feed_forward_dropout(x, training=training)
+        x = backend.call_part(self.feed_forward_norm, x) if pre_norm else x
+        x = backend.call_part(self.feed_forward, x, training=training)
+        x = backend.call_part(self.feed_forward_dropout, x, training=training)
         x = x + residual
         if not pre_norm:
-            x = self.feed_forward_norm(x)
+            x = backend.call_part(self.feed_forward_norm, x)
         return x
 
     def attention_weights(self, inputs, padding_mask=None):
         """The self-attention weights of eq. (1): (batch, num_heads, S, S) float32."""
         if not self.built:
             self.build(tuple(inputs.shape))
-        x = self.self_attention_norm(inputs) if self._norm_position == "pre" else inputs
+        pre_norm = self._norm_position == "pre"
+        x = backend.call_part(self.self_attention_norm, inputs) if pre_norm else inputs
         return self.self_attention.attention_weights(x, key_padding_mask=padding_mask)
 
 
@@ -291,40 +293,41 @@ class DecoderBlock(_Block):
 
         # Masked multi-head self-attention (§3.2.3): position t sees positions <= t.
         residual = inputs
-        x = self.self_attention_norm(inputs) if pre_norm else inputs
-        x = self.self_attention(
-            x, key_padding_mask=decoder_padding_mask, use_causal_mask=True,
+        x = backend.call_part(self.self_attention_norm, inputs) if pre_norm else inputs
+        x = backend.call_part(
+            self.self_attention, x, key_padding_mask=decoder_padding_mask, use_causal_mask=True,
             cache=self_attention_cache, cache_update_index=cache_update_index,
             training=training)
         if self_attention_cache is not None:
             x, self_attention_cache = x
-        x = self.self_attention_dropout(x, training=training)
+        x = backend.call_part(self.self_attention_dropout, x, training=training)
         x = x + residual
         if not pre_norm:
-            x = self.self_attention_norm(x)
+            x = backend.call_part(self.self_attention_norm, x)
 
         # Encoder-decoder attention (§3.2.3): every position attends over the source.
         residual = x
-        x = self.cross_attention_norm(x) if pre_norm else x
+        x = backend.call_part(self.cross_attention_norm, x) if pre_norm else x
         if cross_attention_cache is None:
-            x = self.cross_attention(x, encoder_outputs, key_padding_mask=encoder_padding_mask,
-                                     training=training)
+            x = backend.call_part(self.cross_attention, x, encoder_outputs,
+                                  key_padding_mask=encoder_padding_mask, training=training)
         else:
-            x, _ = self.cross_attention(x, key_padding_mask=encoder_padding_mask,
-                                        cache=cross_attention_cache, training=training)
-        x = self.cross_attention_dropout(x, training=training)
+            x, _ = backend.call_part(self.cross_attention, x,
+                                     key_padding_mask=encoder_padding_mask,
+                                     cache=cross_attention_cache, training=training)
+        x = backend.call_part(self.cross_attention_dropout, x, training=training)
         x = x + residual
         if not pre_norm:
-            x = self.cross_attention_norm(x)
+            x = backend.call_part(self.cross_attention_norm, x)
 
         # Position-wise feed-forward network (§3.3).
         residual = x
-        x = self.feed_forward_norm(x) if pre_norm else x
-        x = self.feed_forward(x, training=training)
-        x = self.feed_forward_dropout(x, training=training)
+        x = backend.call_part(self.feed_forward_norm, x) if pre_norm else x
+        x = backend.call_part(self.feed_forward, x, training=training)
+        x = backend.call_part(self.feed_forward_dropout, x, training=training)
         x = x + residual
         if not pre_norm:
-            x = self.feed_forward_norm(x)
+            x = backend.call_part(self.feed_forward_norm, x)
         return x if self_attention_cache is None else (x, self_attention_cache)
 
     def attention_weights(self, inputs, encoder_outputs, decoder_padding_mask=None,
@@ -341,13 +344,13 @@ class DecoderBlock(_Block):
         if not self.built:
             self.build(tuple(inputs.shape), tuple(encoder_outputs.shape))
         pre_norm = self._norm_position == "pre"
-        x = self.self_attention_norm(inputs) if pre_norm else inputs
+        x = backend.call_part(self.self_attention_norm, inputs) if pre_norm else inputs
         weights = {"self": self.self_attention.attention_weights(
             x, key_padding_mask=decoder_padding_mask, use_causal_mask=True)}
         x = inputs + self.self_attention(x, key_padding_mask=decoder_padding_mask,
                                          use_causal_mask=True)
-        x = x if pre_norm else self.self_attention_norm(x)
-        x = self.cross_attention_norm(x) if pre_norm else x
+        x = x if pre_norm else backend.call_part(self.self_attention_norm, x)
+        x = backend.call_part(self.cross_attention_norm, x) if pre_norm else x
         weights["cross"] = self.cross_attention.attention_weights(
             x, encoder_outputs, key_padding_mask=encoder_padding_mask)
         return weights

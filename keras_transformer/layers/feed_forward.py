@@ -8,6 +8,7 @@ width is d_ff (2048 in the base model).
 
 import keras
 
+from keras_transformer import backend
 from keras_transformer.validation import check_positive_int, check_rate
 
 
@@ -90,9 +91,10 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        hidden = self.inner_dense(inputs)
-        hidden = self.activation_dropout(hidden, training=training)
-        return self.output_dense(hidden)
+        hidden = backend.call_part(self.inner_dense, inputs)
+        if self._activation_dropout_rate:
+            hidden = backend.call_part(self.activation_dropout, hidden, training=training)
+        return backend.call_part(self.output_dense, hidden)
 
     def compute_output_spec(self, inputs, training=None):
         # Stated rather than traced: the torch backend traces the sublayers in

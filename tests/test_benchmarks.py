@@ -1,6 +1,7 @@
 """The GPU benchmark's CPU-checkable parts: benchmarks/gpu.py (model.fit in mixed
 precision), its torch.nn.Transformer peer (gpu_peer.py) and the real-corpus id
-frequencies it can draw from (id_frequencies.py)."""
+frequencies it can draw from (id_frequencies.py); and the torch backend's host-overhead
+benchmark (torch_overhead.py)."""
 
 import json
 
@@ -163,3 +164,29 @@ def test_gpu_script_skips_without_a_gpu(gpu, capsys):
     gpu.main(["--quick"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["skipped"] and "No GPU visible" in result["reason"]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="measures the torch backend")
+def test_torch_overhead_times_fit_steps_and_splits_their_profile():
+    overhead = benchmark_module("torch_overhead")
+    config = overhead.config()
+    ids = overhead.batch(config.vocab_size)
+    for model, ours in ((overhead.keras_model(config), False),
+                        (overhead.our_model(config, 1024, False), True)):
+        times = overhead.fit_step_times(model, ids, warmup=1, steps=2)
+        assert len(times) == 2 and all(seconds > 0 for seconds in times)
+        profile = overhead.where_time_goes(model, ids, steps=2)
+        assert profile["torch kernels (C++)"] > 0 and profile["autograd (C++)"] > 0
+        assert profile["layer __call__ machinery"] > 0 and profile["optimizer"] > 0
+        assert (profile.get("our library's Python", 0) > 0) == ours
+
+
+def test_torch_overhead_sorts_a_function_by_its_file():
+    area_of = benchmark_module("torch_overhead").area_of
+    site = "/usr/lib/python3/site-packages/"
+    assert area_of(site + "keras/src/layers/layer.py", "__call__") == "layer __call__ machinery"
+    assert area_of(site + "keras/src/ops/numpy.py", "add") == "op wrappers and conversion"
+    assert area_of(site + "keras/src/optimizers/adam.py", "update_step") == "optimizer"
+    assert area_of("/work/keras_transformer/losses.py", "call") == "loss"
+    assert area_of("/work/keras_transformer/model.py", "decode") == "our library's Python"
+    assert area_of(site + "numpy/core/fromnumeric.py", "sum") == "other Python"

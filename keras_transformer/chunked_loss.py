@@ -11,7 +11,9 @@ chunk's gradient is made at once, by the formula of `keras_transformer.training.
 and folded into the (N × d_model) and (d_model × vocabulary) gradients before the next
 chunk is scored. So no more than one chunk's logits exists at a time, and the backward pass
 only scales what the forward pass made: the step does the projection's three products
-once each, as the unchunked step does. The loss is the weighted sum over positions (the
+once each, as the unchunked step does. A step whose positions fit in one chunk (a number
+known when it is traced) skips the loop and its gradient bookkeeping: it is scored as a
+whole and differentiated by the backend. The loss is the weighted sum over positions (the
 weights carry padding and sample weights; the caller divides by the token count), so its
 upstream gradient is one scalar.
 
@@ -39,7 +41,9 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
         label_smoothing: ε_ls.
         chunk_size: Most positions scored at a time. Where N is known when the
             step is traced, the N positions are cut into ceil(N / chunk_size)
-            chunks of about equal size (padding less than one position a chunk).
+            chunks of about equal size (padding less than one position a chunk);
+            N ≤ chunk_size is one chunk, scored without the loop and
+            differentiated by the backend.
         with_gradient: Make the gradients in the forward pass (for training);
             False scores only (for evaluation).
 
@@ -50,6 +54,10 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
     labels = ops.cast(labels, "int32")
     weights = ops.cast(weights, "float32")
     count = ops.shape(hidden)[0]
+    if isinstance(count, int) and count <= chunk_size:
+        # One chunk is the whole: scored without the loop, differentiated as usual.
+        losses, _, ids = _scored(hidden, kernel, bias, labels, eps)
+        return ops.sum(losses * weights), ops.stop_gradient(ids)
     if isinstance(count, int):  # a static shape: as many chunks, of about equal size
         chunk_size = -(-count // max(1, -(-count // chunk_size)))
     pad = (-count) % chunk_size
@@ -62,17 +70,9 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
 
         def chunk(i, carry):
             h, y, w = hidden_chunks[i], y_chunks[i], w_chunks[i]
-            z = ops.cast(ops.matmul(h, kernel), "float32")
-            if bias:
-                z = z + bias[0]
-            log_probs = ops.log_softmax(z, axis=-1)
-            losses = -(1.0 - eps) * ops.squeeze(
-                ops.take_along_axis(log_probs, y[:, None], axis=-1), -1)
-            if eps:
-                losses = losses - eps * ops.mean(log_probs, axis=-1)
+            losses, log_probs, ids = _scored(h, kernel, bias[0] if bias else None, y, eps)
             carry = {**carry, "total": carry["total"] + ops.sum(losses * w),
-                     "ids": ops.slice_update(carry["ids"], (i, 0),
-                                             ops.cast(ops.argmax(z, axis=-1), "int32")[None])}
+                     "ids": ops.slice_update(carry["ids"], (i, 0), ids[None])}
             if not with_gradient:
                 return carry
             return _add_gradients(carry, i, h, y, w, ops.exp(log_probs), flat_kernel)
@@ -103,6 +103,20 @@ def projected_loss(hidden, kernel, bias, labels, weights, label_smoothing, chunk
     scored = (ops.custom_gradient(forward) if with_gradient else forward)(hidden, kernel, *bias)
     # Ids below 2^24 are exact in float32.
     return scored[0], ops.cast(ops.stop_gradient(scored[1:]), "int32")
+
+
+def _scored(hidden, kernel, bias, labels, eps):
+    """Each position's label-smoothed cross-entropy (float32), the log-probabilities
+    it came from and the argmax ids (int32) of the projected states."""
+    z = ops.cast(ops.matmul(hidden, kernel), "float32")
+    if bias is not None:
+        z = z + bias
+    log_probs = ops.log_softmax(z, axis=-1)
+    losses = -(1.0 - eps) * ops.squeeze(
+        ops.take_along_axis(log_probs, labels[:, None], axis=-1), -1)
+    if eps:
+        losses = losses - eps * ops.mean(log_probs, axis=-1)
+    return losses, log_probs, ops.cast(ops.argmax(z, axis=-1), "int32")
 
 
 def _initial_carry(hidden_chunks, y_chunks, kernel, with_gradient):

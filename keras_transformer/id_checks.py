@@ -94,7 +94,11 @@ _ID_CHECK = "keras_transformer id check:"
 
 def is_tf_dataset(data):
     """Whether `data` is a `tf.data.Dataset`, without importing TensorFlow
-    (tf.data is only ever imported by the caller)."""
+    (tf.data is only ever imported by the caller). The model's own inputs, a dict or
+    a pair, are answered without walking their class's bases, which `torch.compile`
+    cannot trace."""
+    if data is None or isinstance(data, (dict, list, tuple)):
+        return False
     return any(cls.__module__.startswith("tensorflow") and cls.__name__ == "DatasetV2"
                for cls in type(data).__mro__)
 

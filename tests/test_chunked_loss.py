@@ -149,6 +149,16 @@ def test_fit_and_evaluate_train_as_with_the_full_logits(tied):
     assert model.predict(x, verbose=0).shape == (2, 8, 23)
 
 
+def test_a_batch_within_one_chunk_trains_as_with_the_full_logits():
+    config = kt.TransformerConfig.tiny(vocab_size=23)
+    data = batches(23)
+    _, full_history, full_scores = trained(config, None, data)
+    _, history, scores = trained(config, 1024, data)  # 6 × 8 positions a batch: one chunk
+    for name in ("loss", "token_accuracy"):
+        np.testing.assert_allclose(history[name], full_history[name], rtol=1e-5)
+        np.testing.assert_allclose(scores[name], full_scores[name], rtol=1e-5)
+
+
 @pytest.mark.once("tensorflow")
 def test_fit_without_xla_on_tensorflow_takes_any_batch_shape():
     config = kt.TransformerConfig.tiny(vocab_size=19)

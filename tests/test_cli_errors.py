@@ -256,3 +256,19 @@ def test_a_mistake_the_exports_tensorflow_process_finds_is_one_line(run_dir, tmp
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "go past the longest input" in lines[0] and "--lengths" in lines[0]
     assert not (tmp_path / "exported").exists() or os.listdir(tmp_path / "exported") == []
+
+
+def test_a_beam_wider_than_a_few_dozen_is_taken_with_a_warning(capsys):
+    from keras_transformer.cli.options import WIDE_BEAM
+    from keras_transformer.cli.parser import build_parser
+
+    parser = build_parser()
+    for command in (["translate", "run", "hello"], ["evaluate", "run", "--source", "a",
+                                                    "--reference", "b"]):
+        assert parser.parse_args([*command, "--beam-size", str(WIDE_BEAM)]).beam_size == WIDE_BEAM
+        assert capsys.readouterr().err == ""
+        wide = WIDE_BEAM + 1
+        assert parser.parse_args([*command, "--beam-size", str(wide)]).beam_size == wide
+        warning = capsys.readouterr().err
+        assert warning.startswith(f"warning: --beam-size {wide} keeps {wide} hypotheses")
+        assert warning.count("\n") == 1

@@ -29,6 +29,25 @@ def positive_int(text):
     return value
 
 
+#: Beams wider than this are warned of: the paper's is 4, and each step of a beam of B
+#: scores B × the vocabulary and keeps B sequences' keys and values per sentence.
+WIDE_BEAM = 64
+
+
+def beam_size(text):
+    """A beam size, an int >= 1; one above `WIDE_BEAM` is taken with a warning on
+    standard error, since time and memory grow with it."""
+    import sys
+
+    value = positive_int(text)
+    if value > WIDE_BEAM:
+        print(f"warning: --beam-size {value} keeps {value} hypotheses a sentence: each step "
+              f"scores {value} × the vocabulary and caches {value} sequences' keys and "
+              "values, so time and memory grow with it (the paper's beam is 4; beams above "
+              f"{WIDE_BEAM} seldom translate better)", file=sys.stderr)
+    return value
+
+
 def non_negative_int(text):
     """An int >= 0."""
     value = int(text)
@@ -133,7 +152,7 @@ def steps_or_percent(text):
 # The options of both the commands and the recipes: argparse's keywords by destination;
 # the flag is the destination with dashes (`beam_size` is --beam-size).
 SHARED = {
-    "beam_size": dict(type=positive_int, default=4, help="beam size (§6.1: 4)"),
+    "beam_size": dict(type=beam_size, default=4, help="beam size (§6.1: 4)"),
     "alpha": dict(type=non_negative_float, default=0.6, help="length penalty α (§6.1: 0.6)"),
     "native_logs": dict(action="store_true", help=NATIVE_LOGS_HELP),
 }

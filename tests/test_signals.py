@@ -206,16 +206,37 @@ def test_exporting(signal_name, run_dir, tmp_path):
     # The version is being written (under a hidden name) by the TensorFlow process.
     command.wait_until(lambda: base.is_dir() and partial_files(base), "the export's writing")
     status, lines = command.interrupt(signal_name)
-    check_ended(command, signal_name, status, lines)
     assert partial_files(base.parent) == [], "no partial version"
-    # Nothing, or (when the signal came as the TensorFlow process renamed its
-    # finished folder) a whole version: one that loads.
+    # Nothing and the signal's status, or (when the signal came after the TensorFlow
+    # process had renamed its finished folder) a whole version, one that loads, and
+    # status 0: the export was done.
     versions = os.listdir(base) if base.exists() else []
     assert versions in ([], ["1"]), versions
-    if versions:
-        from keras_transformer.export.versions import load_saved_model
+    if not versions:
+        check_ended(command, signal_name, status, lines)
+        return
+    from keras_transformer.export.versions import load_saved_model
 
-        load_saved_model(str(base / "1"))
+    load_saved_model(str(base / "1"))
+    assert status == 0, (status, command.text("stderr")[-3000:])
+    assert "Traceback" not in command.text("stderr")
+
+
+def test_a_sigterm_after_the_export_is_published_ends_it_with_status_0(run_dir, tmp_path,
+                                                                        monkeypatch):
+    """The issue's race: a version published, then exit status 143. The signal is
+    sent as the summary line appears (the version renamed, the process still going;
+    its standard output unbuffered, so that the line comes when it is printed)."""
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    signal_name = "SIGTERM"
+    base = tmp_path / "saved_models" / "tiny"
+    command = Command(keras_transformer("export", str(run_dir), str(base),
+                                       "--batch-sizes", "1", "--lengths", "16"))
+    command.wait_until(lambda: "Exported " in command.text("stdout"), "the export's summary")
+    status, _ = command.interrupt(signal_name)
+    assert os.listdir(base) == ["1"] and partial_files(base.parent) == []
+    assert status == 0, (status, command.text("stderr")[-3000:])
+    assert "Traceback" not in command.text("stderr")
 
 
 @pytest.fixture(scope="module")

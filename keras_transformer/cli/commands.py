@@ -10,6 +10,7 @@ A MODEL argument is a `.keras` file with its tokenizer beside it, or a run direc
 `keras_transformer.run_files`).
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -156,13 +157,38 @@ def export(args):
     if args.quantization is not None:
         raise ValueError("--quantization only applies to --format ctranslate2: a SavedModel "
                          "keeps the model's own weights.")
+    from keras_transformer.export import versions
     from keras_transformer.export.saved_model import export_saved_model
 
-    export_saved_model(args.model, args.export_base, version=args.version,
-                       beam_size=args.beam_size, alpha=args.alpha,
-                       max_output_length=args.max_output_length,
-                       max_source_length=args.max_source_length, batch_sizes=args.batch_sizes,
-                       lengths=args.lengths, n_best=args.n_best, verbose=not args.quiet)
+    version = versions.next_version(args.export_base, args.version)
+    with _finished_once_published(os.path.join(args.export_base, str(version))):
+        export_saved_model(args.model, args.export_base, version=version,
+                           beam_size=args.beam_size, alpha=args.alpha,
+                           max_output_length=args.max_output_length,
+                           max_source_length=args.max_source_length,
+                           batch_sizes=args.batch_sizes, lengths=args.lengths,
+                           n_best=args.n_best, verbose=not args.quiet)
+
+
+@contextlib.contextmanager
+def _finished_once_published(version_path):
+    """Ends the export with status 0 once its version is published: a Ctrl-C or
+    SIGTERM that comes after the rename (while the summary is printed, or while
+    TensorFlow shuts down) finds nothing left to stop, so the command says the
+    version is whole and holds back any later signal instead of ending with 130 or
+    143 over a complete export. One that comes before it stops the export, which
+    publishes nothing."""
+    from keras_transformer.export import versions
+
+    try:
+        yield
+    except (KeyboardInterrupt, errors.Terminated):
+        if not versions.is_version(version_path):
+            raise
+        print(f"{version_path} was complete when the signal came: the export is done.",
+              file=sys.stderr)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def serve(args):

@@ -29,19 +29,22 @@ def main(argv=None):
     A command that needs the TensorFlow backend under another (`export` of a
     SavedModel under JAX or PyTorch) runs again in this process under TensorFlow
     (`os.execv`): one process from start to end, which a signal reaches as it
-    would any other command."""
+    would any other command. Once the command is done, a signal is ignored
+    (`logs.finished`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     logs.start(native_logs=logs.NATIVE_LOGS_FLAG in argv)
     from keras_transformer.cli import main as run_command
 
     try:
-        return run_command(argv)
+        status = run_command(argv)
     except RuntimeError as error:
         from keras_transformer.export.saved_model import TensorFlowBackendRequired
 
         if not isinstance(error, TensorFlowBackendRequired):
             raise
-    run_again_under_tensorflow(argv)
+        run_again_under_tensorflow(argv)
+    logs.finished()  # a signal during the shutdown finds nothing left to stop
+    return status
 
 
 def run_again_under_tensorflow(argv):

@@ -95,6 +95,16 @@ def start(native_logs=None):
             signal.signal(number, _exit_while_starting)
 
 
+def finished():
+    """What an entry point does once its command's work is done: Ctrl-C and SIGTERM are
+    ignored from then on, since they would find nothing left to stop, only the
+    interpreter's and the native libraries' shutdown (about a second for TensorFlow's),
+    and would turn a finished command's status into 130 or 143."""
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, signal.SIG_IGN)
+
+
 def _exit_while_starting(number, frame):
     """A signal during a command line's start-up: the shell's status, no traceback."""
     os._exit(128 + number)

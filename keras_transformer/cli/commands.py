@@ -175,10 +175,11 @@ def _finished_once_published(version_path):
     """Ends the export with status 0 once its version is published: a Ctrl-C or
     SIGTERM that comes after the rename (while the summary is printed, or while
     TensorFlow shuts down) finds nothing left to stop, so the command says the
-    version is whole and holds back any later signal instead of ending with 130 or
-    143 over a complete export. One that comes before it stops the export, which
-    publishes nothing."""
+    version is whole and ignores later signals (`logs.finished`) instead of ending
+    with 130 or 143 over a complete export. One that comes before the rename stops
+    the export, which publishes nothing."""
     from keras_transformer.export import versions
+    from keras_transformer_app import logs
 
     try:
         yield
@@ -187,8 +188,7 @@ def _finished_once_published(version_path):
             raise
         print(f"{version_path} was complete when the signal came: the export is done.",
               file=sys.stderr)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    logs.finished()
 
 
 def serve(args):

@@ -210,10 +210,8 @@ def fit_step_times(model, ids, warmup, steps):
 
 
 def peer_step_times(compiled, ids, warmup, steps):
-    import torch
-
-    c = config()
-    model, step = peers.torch_model_and_step(c, ids)
+    """Seconds of the peer's last `steps` steps on `ids`, after `warmup` of them."""
+    model, step = peers.torch_model_and_step(config(), ids)
     if compiled:
         model.compile()
     for _ in range(warmup):
@@ -223,7 +221,6 @@ def peer_step_times(compiled, ids, warmup, steps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    del torch
     return times
 
 

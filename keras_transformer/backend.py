@@ -157,8 +157,8 @@ def call_part(layer, inputs, *args, **kwargs):
 
     Under PyTorch every eager call of `Layer.__call__` converts the inputs, binds the
     call's signature, resolves the call context and the masks and opens name and
-    autocast scopes: about 90 µs on a CPU, more than a small model's op itself, and the
-    largest share of its step's host time (`benchmarks/torch_overhead.py`). There the
+    autocast scopes: more than a small model's op itself, and the largest share of its
+    step's host time (`benchmarks/torch_overhead.py`). There the
     part runs its `call` directly when that gives what `__call__` would
     (`runs_directly`). The other backends pay `__call__` once, when they trace the
     step, and keep it.

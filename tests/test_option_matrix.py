@@ -35,6 +35,7 @@ class ReachedTheWork(BaseException):
 # Bad values by type, as functions of the test's folder (a path or a text each).
 BAD_VALUES = {
     "positive_int": ["0", "-3", "x"],
+    "beam_size": ["0", "-3", "x"],
     "non_negative_int": ["-1", "1.5"],
     "positive_float": ["0", "-1", "nan"],
     "non_negative_float": ["-0.5", "nan"],

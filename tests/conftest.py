@@ -78,7 +78,8 @@ def _a_share_of_the_cores_per_worker(config):
 # its tests are left: one of these sent last keeps the other worker idle until it
 # ends (test_multiprocess.py, two tests, was among the last files when xdist ordered
 # the files by their number of tests).
-LONG_FILES = ("tests/test_recipes.py", "tests/test_signals.py", "tests/test_multiprocess.py",
+LONG_FILES = ("tests/test_pages.py", "tests/test_recipes.py", "tests/test_signals.py",
+              "tests/test_multiprocess.py",
               "tests/inference/test_decoding.py", "tests/export/test_saved_model.py",
               "tests/test_model.py", "tests/serving/test_server.py", "tests/test_docs.py",
               "tests/training/test_distribution.py", "tests/training/test_run.py",
@@ -102,6 +103,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "once(backend): the test's subject does not depend on the backend; it "
                    "runs in that backend's pass of the suite only")
+    config.addinivalue_line(
+        "markers", "backs(page, quote): the test checks the statement of the page that the "
+                   "quote (a piece of one line) is taken from; docs/claims.md lists them "
+                   "(tests/claims.py)")
 
 
 def pytest_collection_modifyitems(config, items):

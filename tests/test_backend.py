@@ -85,8 +85,8 @@ def test_write_cache_within_cache_writes_in_place_writes_into_the_cache():
 @pytest.mark.parametrize("version, refused", [
     ("3.13.2", True), ("3.0.5", True), ("2.15.0", True), ("3.14.0", False), ("3.15.1", False),
     ("3.14.0.dev2026010103", False), ("4.0.0", False)])
+@pytest.mark.backs("docs/installation.md", "Keras below 3.14 is refused")
 def test_keras_below_3_14_is_refused(version, refused):
-    """docs/installation.md, line 4: "Keras below 3.14 is refused"."""
     if refused:
         with pytest.raises(ImportError, match=f"needs Keras 3.14 or newer, and Keras {version} "
                                               "is installed"):

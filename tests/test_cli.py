@@ -146,6 +146,7 @@ def test_print_alignment_appends_source_target_pairs(command_line, loaded):
 
 
 @command_line_only
+@pytest.mark.backs('docs/translation.md', "are refused. A line's samples")
 def test_sampling_options_without_sample_are_refused(command_line, monkeypatch):
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
@@ -192,9 +193,10 @@ class ClosedAfterOneLine(io.StringIO):
 
 
 @command_line_only
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "A closed output pipe (`| head`) ends it with status 1")
 def test_a_closed_output_pipe_ends_the_command_quietly_with_status_1(command_line):
-    """docs/troubleshooting.md, line 13: "A closed output pipe (`| head`) ends it with
-    status 1"."""
+    """A BrokenPipeError on standard output: status 1, nothing on stderr."""
     stderr = io.StringIO()
     with pytest.raises(SystemExit) as exit_info:
         command_line(["translate", "run", *SEARCH], stdin="\n".join(LINES) + "\n",
@@ -236,6 +238,8 @@ def test_a_pipe_is_answered_line_by_line_as_lines_arrive(command_line):
 
 
 @command_line_only
+@pytest.mark.backs("docs/translation.md",
+                   "other lines are translated, and the command exits with status 2 at the end")
 def test_a_line_that_is_not_utf8_gets_an_empty_line_and_an_error(command_line):
     out, err = io.StringIO(), io.StringIO()
     stdin = io.TextIOWrapper(io.BytesIO(b"kave tomi\nka\xe9ve\n\nsipe\n"))
@@ -273,6 +277,8 @@ def test_options_may_come_anywhere_among_the_sentences(command_line):
     assert between == last and len(last.splitlines()) == 4
 
 
+@pytest.mark.backs("docs/translation.md",
+                   "a wrong option prints the command's usage and one `error:` line")
 def test_a_translate_mistake_shows_translates_usage(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["translate", "run", "--n-best", "5", "kave", "--bogus"])
@@ -336,6 +342,7 @@ def test_plot_commands_write_pngs(run_dir, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.backs("README.md", "a mistake is one `error:` line with exit status 2")
 def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["translate", str(tmp_path / "missing.keras"), "hello"])

@@ -121,6 +121,9 @@ COMMANDS = [
 
 
 @pytest.mark.parametrize("argv, message, usage", COMMANDS)
+@pytest.mark.backs("README.md", "a mistake is one `error:` line with exit status 2")
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "one `error:` line on stderr and exit with status 2, without a traceback")
 def test_every_command_ends_a_mistake_with_one_error_line(argv, message, usage, files,
                                                          run_dir, capsys):
     argv = [word.format(dir=files, run=run_dir) for word in argv]
@@ -157,6 +160,8 @@ RECIPES = [
 
 
 @pytest.mark.parametrize("module, argv, message, usage", RECIPES)
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "one `error:` line on stderr and exit with status 2, without a traceback")
 def test_every_recipe_ends_a_mistake_with_one_error_line(module, argv, message, usage, files,
                                                         capfd):
     # capfd: a native log line (SentencePiece's trainer writes hundreds) would show.
@@ -197,6 +202,10 @@ def test_every_recipe_ends_a_mistake_with_one_error_line(module, argv, message, 
      "less at once, e.g. a smaller --beam-size or --batch-size (or --tokens-per-batch when "
      "training)"),
 ])
+@pytest.mark.backs("docs/distributed.md",
+                   "the survivors exit with status 1 and `error: Lost worker 1 of")
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "`error: The loss became nan at step N: training stopped ...` (exit status 1)")
 def test_interrupts_and_missing_packages_are_one_line(raised, status, message, capsys):
     def main():
         raise raised

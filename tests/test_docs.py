@@ -32,6 +32,9 @@ def code_blocks(text):
         elif fence and not fence.group(1):
             blocks.append((label, start, "\n".join(lines) + "\n"))
             label = None
+        elif fence or line.startswith("```"):  # a closing fence with text after it
+            raise ValueError(f"line {number}: a fence inside the ```{label} block opened at "
+                             f"line {start - 1}: close each block with a line of ``` alone")
         else:
             lines.append(line)
     if label is not None:
@@ -61,6 +64,10 @@ def test_code_blocks_are_found_with_their_lines():
                                  ("", 14, "tree\n")]
     with pytest.raises(ValueError, match="line 1 is never closed"):
         code_blocks("```python\nx = 1\n")
+    # Text after a closing fence makes it no fence: the block would run on into the next.
+    with pytest.raises(ValueError, match="line 3: a fence inside the ```bash block opened at "
+                                         "line 1"):
+        code_blocks("```bash\nls\n``` Then the prose.\n```bash\npwd\n```\n")
 
 
 def test_the_readme_and_the_manual_hold_python_blocks():
@@ -162,3 +169,18 @@ def test_the_command_reference_is_the_parsers():
             for flag in action.option_strings:
                 if flag not in ("-h", "--help"):
                     assert f"`{flag}" in page, (name, flag)
+
+
+def test_the_statements_index_is_the_tests_markers():
+    """docs/claims.md lists every `backs` marker of the tests, each quote still on its page
+    (`python tests/claims.py > docs/claims.md` writes it)."""
+    import claims
+
+    found = claims.markers()
+    assert found, "no test backs a statement"
+    for page, quote, test_file, test in found:
+        assert os.path.exists(os.path.join(REPOSITORY, page)), (test_file, test, page)
+        claims.line_of(page, quote)  # raises, naming the page and the quote
+    assert _read("docs/claims.md") == claims.index(), (
+        "docs/claims.md differs from the tests' markers: run `python tests/claims.py > "
+        "docs/claims.md`")

@@ -174,6 +174,7 @@ def test_two_processes_train_like_one_process_on_the_same_global_batches(tmp_pat
     assert [name for name in os.listdir(tmp) if name.startswith("keras-transformer")] == []
 
 
+@pytest.mark.backs('docs/distributed.md', "resumes from the chief's last backup.")
 def test_a_killed_process_stops_the_other_and_the_same_commands_resume(tmp_path, started):
     run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
     tmp.mkdir()

@@ -362,6 +362,8 @@ def test_a_cooldown_longer_than_the_run_is_refused(tmp_path):
                          *TINY_MODEL])
 
 
+@pytest.mark.backs("docs/training.md",
+                   "Killed while training, it resumes from the backup of its last window")
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL after the first checkpoint; the same command then finishes the run
     without repeating the windows that were saved."""
@@ -426,6 +428,8 @@ errors.guarded(quickstart.main, argv)
 """
 
 
+@pytest.mark.backs("docs/training.md",
+                   "A run killed at any point, even with `kill -9`, finishes with the same command")
 def test_a_run_killed_in_any_phase_finishes_with_the_same_command_without_training_again(
         tmp_path):
     """SIGKILL inside the final save, the averaging, the evaluation and the

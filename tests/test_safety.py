@@ -202,6 +202,7 @@ def export_library(run, model_path, tmp_path, capsys):
     pytest.param(export_command, marks=tensorflow_only),
     pytest.param(export_library, marks=tensorflow_only),
 ])
+@pytest.mark.backs("docs/serving.md", "file contains code that is refused")
 def test_every_loader_refuses_a_crafted_file_and_runs_none_of_its_code(
         loader, crafted, tmp_path, capsys):
     run, model_path, side_effect = crafted
@@ -323,6 +324,8 @@ def test_an_h5_file_named_keras_is_not_read_as_h5(legacy_run):
     assert not os.path.exists(side_effect)
 
 
+@pytest.mark.backs("docs/serving.md",
+                   "folders and remote paths are refused before Keras opens them")
 def test_folders_and_remote_paths_are_not_model_files(tmp_path):
     folder = tmp_path / "model.keras"
     folder.mkdir()

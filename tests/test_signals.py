@@ -143,6 +143,10 @@ def test_a_signal_handled_inside_a_garbage_collection_still_ends_the_command(sig
 
 
 @pytest.mark.parametrize("signal_name", SIGNALS)
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "Ctrl-C (SIGINT) ends a command quietly with status 130")
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "and SIGTERM with status 143, at whatever point they come")
 def test_starting(signal_name, run_dir):
     command = Command(keras_transformer("translate", str(run_dir), "kave tomi tozu"))
     time.sleep(0.5)  # the interpreter is up, the imports are under way
@@ -151,6 +155,8 @@ def test_starting(signal_name, run_dir):
 
 
 @pytest.mark.parametrize("signal_name", SIGNALS)
+@pytest.mark.backs("docs/translation.md",
+                   "Ctrl-C ends the command at once, quietly, with status 130 (SIGTERM: 143)")
 def test_waiting_on_standard_input(signal_name, run_dir):
     # The issue's reproduction: a pipe that stays open after one line.
     command = Command(keras_transformer("translate", str(run_dir)), stdin=subprocess.PIPE)
@@ -165,6 +171,8 @@ def test_waiting_on_standard_input(signal_name, run_dir):
 
 @pytest.mark.once("jax")  # a signal during JAX's host copies: see the module's docstring
 @pytest.mark.parametrize("signal_name", SIGNALS)
+@pytest.mark.backs("docs/translation.md",
+                   "Ctrl-C ends the command at once, quietly, with status 130 (SIGTERM: 143)")
 def test_translating(signal_name, run_dir, tmp_path):
     source = tmp_path / "many.src"
     source.write_text("kave tomi tozu pera\n" * 4000)
@@ -181,6 +189,10 @@ def test_translating(signal_name, run_dir, tmp_path):
 
 @pytest.mark.once("jax")  # a signal during JAX's steps and collections: see the docstring
 @pytest.mark.parametrize("signal_name", SIGNALS)
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "Ctrl-C (SIGINT) ends a command quietly with status 130")
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "and SIGTERM with status 143, at whatever point they come")
 def test_training(signal_name, tmp_path):
     run = tmp_path / "run"
     command = Command([sys.executable, "-m", "recipes.quickstart", "--run-dir", str(run),
@@ -199,6 +211,10 @@ def test_training(signal_name, tmp_path):
 
 
 @pytest.mark.parametrize("signal_name", SIGNALS)
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "Ctrl-C (SIGINT) ends a command quietly with status 130")
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "and SIGTERM with status 143, at whatever point they come")
 def test_exporting(signal_name, run_dir, tmp_path):
     base = tmp_path / "saved_models" / "tiny"
     command = Command(keras_transformer("export", str(run_dir), str(base),
@@ -222,6 +238,7 @@ def test_exporting(signal_name, run_dir, tmp_path):
     assert "Traceback" not in command.text("stderr")
 
 
+@pytest.mark.backs("docs/troubleshooting.md", "is complete and ends with status 0")
 def test_a_sigterm_after_the_export_is_published_ends_it_with_status_0(run_dir, tmp_path,
                                                                         monkeypatch):
     """The issue's race: a version published, then exit status 143. The signal is
@@ -249,6 +266,7 @@ def saved_model(run_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("signal_name", SIGNALS)
+@pytest.mark.backs("docs/serving.md", "exits with status 143 (130 for Ctrl-C), at once")
 def test_serving(signal_name, saved_model):
     command = Command(keras_transformer("serve", str(saved_model), "--port", "0",
                                         "--max-batch-size", "1"))
@@ -257,6 +275,7 @@ def test_serving(signal_name, saved_model):
     check_ended(command, signal_name, status, lines)
 
 
+@pytest.mark.backs("docs/serving.md", "exits with status 143 (130 for Ctrl-C), at once")
 def test_serving_while_the_first_version_loads(saved_model):
     """SIGTERM while the SavedModel is still loading (TensorFlow's C++ at work on the
     loading thread): the command ends at once with 143, without waiting for the

@@ -109,6 +109,8 @@ def trained_on_16_ids():
 
 
 @pytest.mark.parametrize("where", ["source", "target", "labels"])
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "Token ids outside the vocabulary are refused before a compiled step reads them")
 def test_out_of_range_ids_in_a_dataset_stop_fit_before_any_update(where, trained_on_16_ids):
     """Inside a compiled step an id past the vocabulary reads NaN (JAX) or is
     clamped (XLA): fit checks each batch first, on every backend."""

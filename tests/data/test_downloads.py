@@ -96,6 +96,7 @@ def test_a_damaged_cached_file_is_downloaded_again(monkeypatch, keras_home):
     (FILES["a.txt"][:3], len(FILES["a.txt"])),  # truncated: fewer bytes than announced
     None,  # missing: 404
 ], ids=["corrupted", "truncated", "missing"])
+@pytest.mark.backs("docs/training.md", "A truncated or corrupted download is deleted and refused")
 def test_a_bad_download_is_refused_and_nothing_of_it_is_kept(monkeypatch, keras_home,
                                                              served_body):
     files = {"/toy/b.txt": FILES["b.txt"]}

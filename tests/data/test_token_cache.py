@@ -123,6 +123,8 @@ def train_line(files, index):
         return file.read().splitlines()[index]
 
 
+@pytest.mark.backs("docs/wmt14.md",
+                   "another tokenizer is refused with one line that says to remove it")
 def test_another_corpus_or_tokenizer_is_refused(files, corpus, tokenizer, tmp_path):
     train = TextFilesCorpus(str(files / "train.en.gz"), str(files / "train.de.gz"))
     folder = str(tmp_path / "token_cache")
@@ -166,6 +168,7 @@ def mapped_file(array):
     return None
 
 
+@pytest.mark.backs("docs/wmt14.md", "memory-mapped cache in place (no copy of the ids is made)")
 def test_the_batches_read_the_cached_ids_in_place(files, tokenizer, tmp_path, monkeypatch):
     """The pipeline's id tables are mappings of the cache's files, not copies, and
     tf.data's graph rewrites, which would copy them, are off: a second run holds the

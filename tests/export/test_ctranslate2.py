@@ -233,6 +233,7 @@ def test_int8_export_from_a_run_directory_loads_and_translates(trained, converte
 
 
 @one_pass_only
+@pytest.mark.backs("docs/serving.md", "an existing version is never overwritten")
 def test_an_existing_version_is_refused_and_left_alone(trained, tmp_path):
     taken = tmp_path / "base" / "1"
     taken.mkdir(parents=True)
@@ -364,6 +365,7 @@ def test_samples_are_drawn_by_ctranslate2_and_say_the_seed_does_not_hold(trained
 
 
 @one_pass_only
+@pytest.mark.backs("docs/translation.md", "`--print-alignment` is refused")
 def test_what_ctranslate2_cannot_do_is_one_error(trained, engines):
     _, theirs = engines["trained"]
     with pytest.raises(ValueError, match="no alignment"):

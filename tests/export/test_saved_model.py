@@ -169,6 +169,7 @@ def test_killed_export_leaves_no_version_directory(exported, tmp_path):
 
 
 @tensorflow_pass
+@pytest.mark.backs("docs/serving.md", "an existing version is never overwritten")
 def test_export_refuses_to_overwrite_a_version(exported):
     with pytest.raises(FileExistsError, match="never overwritten"):
         export_saved_model(exported["run_dir"], exported["base"], version=1)

@@ -499,6 +499,7 @@ np.savez(sys.argv[3], ids=ids, scores=scores, n_best_ids=n_best_ids, n_best_scor
 
 
 @pytest.mark.once("torch")  # runs the other two backends in processes of their own
+@pytest.mark.backs("README.md", "loads under any of the three backends")
 def test_same_weights_give_the_same_beam_search_under_every_backend(tmp_path, reversal):
     model, vocabulary = reversal.model, reversal.vocabulary
     source = reversal.held_out(32)[0]

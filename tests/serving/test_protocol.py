@@ -179,6 +179,8 @@ def test_an_idle_connection_closes_after_the_keep_alive_timeout(running):
         assert 0.4 <= time.monotonic() - start < TIMEOUT
 
 
+@pytest.mark.backs("docs/serving.md",
+                   "Beyond `--max-connections`, each request gets a 503 JSON error with")
 def test_connections_over_the_bound_get_503_with_retry_after(running):
     server = running(max_connections=2)
     with connect(server.port) as first, connect(server.port) as second:
@@ -202,6 +204,7 @@ def test_connections_over_the_bound_get_503_with_retry_after(running):
         assert read_response(again)[0] == 200
 
 
+@pytest.mark.backs("docs/serving.md", "a server fault gets a 500 whose body says")
 def test_a_fault_of_the_handler_is_a_500_that_says_nothing_of_it(running):
     server = running()
     with connect(server.port) as sock:

@@ -438,6 +438,8 @@ MALFORMED = [
 
 @pytest.mark.parametrize("what, status, phrase", [case[1:] for case in MALFORMED],
                          ids=[case[0] for case in MALFORMED])
+@pytest.mark.backs("docs/serving.md",
+                   "every client mistake, down to malformed HTTP, gets a 4xx JSON")
 def test_malformed_request_is_answered_with_a_json_error_and_the_server_keeps_serving(
         server, what, status, phrase):
     if callable(what):
@@ -508,6 +510,7 @@ def test_chunked_body_is_read(server):
     assert (response.status, json.loads(response.body)) == (200, server.good)
 
 
+@pytest.mark.backs("docs/serving.md", "predicts in flight (503 beyond)")
 def test_predicts_over_max_concurrent_requests_get_503_with_retry_after(server, monkeypatch):
     """docs/serving.md, "Limits and timeouts": `--max-concurrent-requests` predicts in
     flight, 503 beyond."""
@@ -520,6 +523,7 @@ def test_predicts_over_max_concurrent_requests_get_503_with_retry_after(server, 
     assert_still_serving(server)
 
 
+@pytest.mark.backs("docs/serving.md", "a server fault gets a 500 whose body says")
 def test_a_server_fault_is_a_500_that_says_nothing_of_internals(server, monkeypatch):
     """docs/serving.md, "Errors": a server fault gets a 500 whose body says nothing of
     internals (the log has the traceback)."""
@@ -548,6 +552,7 @@ def test_a_port_in_use_is_named_in_the_error(model):
             start_server(model.base, [], port=port)
 
 
+@pytest.mark.backs("docs/serving.md", "full, the answer is 503 with `Retry-After`")
 def test_a_full_queue_is_answered_503_with_retry_after(server, monkeypatch):
     def full(*args):
         raise QueueFullError("The batch queue is full (test); retry later.")
@@ -750,6 +755,7 @@ class Polls:
                 f"{count} polls did not end within {ANSWER_TIMEOUT} s")
 
 
+@pytest.mark.backs("docs/serving.md", "until the first version is AVAILABLE, predict answers 503")
 def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path, monkeypatch):
     base = tmp_path / NAME
     shutil.copytree(model.version_path, base / "1")
@@ -918,6 +924,7 @@ def sigterm_run(model, tmp_path_factory):
             process.wait(timeout=ANSWER_TIMEOUT)
 
 
+@pytest.mark.backs("docs/serving.md", "stops accepting connections, answers the requests in flight")
 def test_sigterm_answers_the_requests_in_flight(sigterm_run):
     run = sigterm_run
     assert run.returncode is not None, "the server did not exit within the time limit"

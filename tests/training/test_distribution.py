@@ -125,6 +125,7 @@ def test_model_parallel_layout_splits_the_weights_and_matches_one_device():
     assert norm[0] == norm[1] and norm[2] == 4
 
 
+@pytest.mark.backs('docs/distributed.md', "none: Keras's torch backend has no multi-process `fit`")
 def test_unsupported_combinations_say_what_to_use():
     with pytest.raises(ValueError, match="must be one of"):
         distribution.setup("pipeline")
@@ -204,6 +205,7 @@ def test_a_malformed_cluster_is_refused_naming_the_variable(environment, message
 
 @pytest.mark.parametrize("environment", [jax_cluster(1), tf_cluster(
     {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker", 1)], ids=["jax", "tensorflow"])
+@pytest.mark.backs("docs/distributed.md", "a cluster in the environment is refused")
 def test_a_cluster_trains_data_parallel_on_its_own_engine(monkeypatch, environment):
     # Each refusal comes before the engine starts, so the test process can hear it.
     for name, value in environment.items():

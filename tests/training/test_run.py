@@ -65,6 +65,7 @@ def test_a_run_trains_saves_averages_and_evaluates(finished_run):
 # backend (the restore of a backup that training on needs is test_fit.py's, on
 # every backend).
 @pytest.mark.once("torch")
+@pytest.mark.backs("docs/training.md", "the same command skips the phases that are done")
 def test_a_run_does_only_what_results_json_lacks(tmp_path, splits, capsys):
     run_dir = str(tmp_path / "run")
     options = RunOptions(run_dir, steps=4, name="mine", separate_vocabularies=True, **FAST)

@@ -1,0 +1,344 @@
+"""The pages, run as a new user runs them: every ```bash block of README.md, then of the
+docs/ pages and the benchmarks' pages, in page order, in one fresh copy of the checkout.
+
+A new user follows README.md and then docs/: the pages build on each other (docs/serving.md
+serves the model README.md's quickstart trained), so the walk runs the pages one after the
+other in one directory, each page's blocks joined into one bash script (`set -e`: a command
+that fails ends its page, with the page and the line of its block).
+
+What the walk changes is declared in `SUBSTITUTIONS`, one table per page, printed with each
+run: step counts and sizes (minutes of training become seconds), ports (a free one for
+8501) and installs (`.ci/run` has installed the project already). Each entry must match
+the page's text, so a table cannot outlive its page. Downloads go to a loopback mirror of
+../shared/data (`KERAS_TRANSFORMER_DATA_MIRROR`): the recipes run their own download code.
+The walk's HOME is a fresh folder (no keras.json: Keras's default backend, TensorFlow; an
+empty ~/.keras/datasets), and KERAS_BACKEND is unset unless a command sets it.
+
+A block that cannot run here (a GPU, docker, TensorFlow Serving, several hosts, the real
+WMT14, hours of measurement) is marked in the page itself, on the line above its fence:
+
+    <!-- not run by the tests: REASON -->
+
+and only parsed (tests/test_doc_commands.py checks every command's options).
+
+    python tests/page_walk.py [--pages README.md docs/serving.md] [--directory DIR]
+    python tests/page_walk.py --tables   # what the walk changes, page by page (--list: and runs)
+"""
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from helpers import REPOSITORY  # noqa: E402
+from test_docs import code_blocks  # noqa: E402
+
+# The order a new user reads them in (the README, the pages it leads to, the benchmarks'),
+# in three legs, one per pass of the suite (the backend names the pass, not what the pages
+# run: their commands pick their own backends), each leg in its own fresh clone.
+LEGS = {
+    "tensorflow": ("README.md", "docs/installation.md", "docs/results.md", "docs/training.md",
+                   "docs/translation.md"),
+    "jax": ("docs/serving.md", "docs/library.md", "docs/wmt14.md", "docs/distributed.md"),
+    "torch": ("docs/performance.md", "benchmarks/README.md", "benchmarks/experiments/README.md"),
+}
+PAGES = tuple(page for pages in LEGS.values() for page in pages)
+NOT_RUN = re.compile(r"^<!-- not run by the tests: (?P<reason>\S.*\S) -->$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Substitution:
+    old: str
+    new: str
+    why: str
+
+
+# Sizes for the quickstart that keep its products real (a model, a tokenizer, exports)
+# while it trains for seconds.
+_QUICKSTART = "--steps 40 --checkpoint-every 20 --train-pairs 2000 --test-pairs 20"
+_INSTALLED = "installed already: `.ci/run` runs this install first"
+# A Multi30k run of seconds on 2,000 training pairs, scored on 10 sentences.
+_MULTI30K = ("--steps 20 --checkpoint-every 10 --train-limit 1000 --max-sentence-length 16 "
+             "--vocab-size 600 --eval-limit 10")
+
+SUBSTITUTIONS = {
+    "README.md": (
+        Substitution('pip install torch==2.13.0 -e ".[all]" && ', "", _INSTALLED),
+        Substitution("python -m recipes.quickstart", f"python -m recipes.quickstart {_QUICKSTART}",
+                     "steps and sizes"),
+        Substitution("8501", "$PORT", "a free port"),
+    ),
+    "docs/installation.md": (
+        Substitution("python -m recipes.quickstart", f"python -m recipes.quickstart {_QUICKSTART}",
+                     "steps and sizes (the README's run is finished: nothing is left to do)"),
+    ),
+    "docs/results.md": (
+        Substitution("python -m recipes.multi30k", f"python -m recipes.multi30k {_MULTI30K}",
+                     "steps and sizes"),
+        Substitution("--steps 5000 --cooldown-steps 2000", "--steps 20 --cooldown-steps 8",
+                     "steps"),
+        Substitution("--beam-size 4 --alpha 0.6", "--beam-size 4 --alpha 0.6 --limit 10",
+                     "sizes: 10 sentences"),
+        Substitution("--steps-per-window 200", "--steps-per-window 10", "steps"),
+        Substitution("--steps 1100 --checkpoint-every 220",
+                     "--steps 20 --checkpoint-every 10 --train-limit 1000 --max-sentence-length 16 "
+                     "--vocab-size 600 --eval-limit 10", "steps and sizes"),
+        Substitution("--minutes 5 --eval-limit 400",
+                     "--minutes 5 --max-steps 4 --eval-limit 4 --variants base,heads1 "
+                     "--train-limit 1000 --max-sentence-length 16 --vocab-size 600",
+                     "steps and sizes: two variants"),
+        Substitution("python -m recipes.quickstart", f"python -m recipes.quickstart {_QUICKSTART}",
+                     "steps and sizes (the README's run is finished: nothing is left to do)"),
+    ),
+    "docs/training.md": (
+        Substitution("--steps-per-window 200", "--steps-per-window 10", "steps"),
+    ),
+    "docs/translation.md": (
+        Substitution("--reference $M30K/test_2016_flickr.en.gz",
+                     "--reference $M30K/test_2016_flickr.en.gz --limit 10", "sizes: 10 sentences"),
+        Substitution("zcat $M30K/test_2016_flickr.de.gz >", "zcat $M30K/test_2016_flickr.de.gz | "
+                     "head -n 10 >", "sizes: 10 sentences"),
+        Substitution("zcat $M30K/test_2016_flickr.en.gz >", "zcat $M30K/test_2016_flickr.en.gz | "
+                     "head -n 10 >", "sizes: 10 sentences"),
+    ),
+    "docs/serving.md": (
+        Substitution("8501", "$PORT", "a free port"),
+    ),
+    "docs/wmt14.md": (
+        Substitution("--work-dir /tmp/wmt14_scale", "--quick --work-dir wmt14_scale",
+                     "sizes: 50,000 pairs, a folder of the walk's"),
+    ),
+    "docs/distributed.md": (
+        Substitution("--train-limit 2000", "--train-limit 1000 --max-sentence-length 16",
+                     "sizes: 3 batch shapes instead of 15"),
+        Substitution("127.0.0.1:1234", "127.0.0.1:$PORT", "a free port"),
+        Substitution("""WORKERS='["127.0.0.1:2222", "127.0.0.1:2223"]'""",
+                     'WORKERS="[\\"127.0.0.1:$PORT_2\\", \\"127.0.0.1:$PORT_3\\"]"',
+                     "free ports"),
+    ),
+    "docs/performance.md": (
+        *(Substitution(f"benchmarks/{name}.py", f"benchmarks/{name}.py --quick", "sizes")
+          for name in ("training", "matmul", "cpu_step", "chunked_loss", "torch_overhead",
+                       "decoding", "serving", "engines")),
+        Substitution("--steps 400 --checkpoint-every 200", f"{_MULTI30K}", "steps and sizes"),
+        Substitution("--steps 2400 --checkpoint-every 400", f"{_MULTI30K}", "steps and sizes"),
+        Substitution("/tmp/before", "../before", "a folder of the walk's"),
+        Substitution("/tmp/base", "../base", "a folder of the walk's"),
+        Substitution("step_by_checkout.py ../before .\n",
+                     "step_by_checkout.py ../before . --steps 2\n", "steps"),
+        Substitution("--steps 30", "--steps 2", "steps"),
+        Substitution("benchmarks/torch_decoding.py", "benchmarks/torch_decoding.py --length 4",
+                     "sizes"),
+        Substitution("python -m recipes.quickstart", f"python -m recipes.quickstart {_QUICKSTART}",
+                     "steps and sizes"),
+    ),
+    "benchmarks/README.md": (
+        *(Substitution(f"benchmarks/{name}.py", f"benchmarks/{name}.py --quick", "sizes")
+          for name in ("matmul", "training", "decoding", "serving")),
+    ),
+    "benchmarks/experiments/README.md": (
+        Substitution("--steps 200 --rounds 4", "--steps 2 --rounds 1", "steps"),
+        *(Substitution(f"experiments/{name}.py", f"experiments/{name}.py --quick", "sizes")
+          for name in ("profile_step", "beam_reorder")),
+        Substitution("quantize_layers.py", "quantize_layers.py --repeats 2", "repeats"),
+    ),
+}
+
+
+# What the first page of a leg takes from a page of an earlier leg, made first in the
+# leg's clone: (command, why), printed with the page's table.
+BEFORE = {
+    "docs/serving.md": ((f"python -m recipes.quickstart {_QUICKSTART}",
+                         "the model and the export (version 1) of README.md's quickstart"),),
+}
+
+
+def leg_of(page):
+    return next(backend for backend, pages in LEGS.items() if page in pages)
+
+
+def substitutions(page):
+    return SUBSTITUTIONS.get(page, ())
+
+
+def read(page):
+    with open(os.path.join(REPOSITORY, page), encoding="utf-8") as file:
+        return file.read()
+
+
+def blocks(text):
+    """[(first line, code, reason not run or None)] of the ```bash blocks of a page's text.
+    A comment that starts like the marker and is not one (no reason, a typo) is an error."""
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        if line.startswith("<!-- not run") and not NOT_RUN.match(line.strip()):
+            raise ValueError(f"line {number}: write the marker as "
+                             f"'<!-- not run by the tests: REASON -->', got {line!r}")
+    found = []
+    for label, line, code in code_blocks(text):
+        if label != "bash":
+            continue
+        above = lines[line - 3].strip() if line >= 3 else ""  # the line above the fence
+        marker = NOT_RUN.match(above)
+        found.append((line, code, marker.group("reason") if marker else None))
+    return found
+
+
+def script(page, text=None):
+    """The page's runnable blocks as one bash script, its substitutions applied in the
+    table's order. A substitution that matches none of them (as the entries before it
+    left them) is an error: its table is out of date."""
+    parts = [(line, code) for line, code, reason in blocks(read(page) if text is None else text)
+             if reason is None]
+    for entry in substitutions(page):
+        if not any(entry.old in code for _, code in parts):
+            raise ValueError(f"{page}: the substitution of {entry.old!r} matches no block it runs")
+        parts = [(line, code.replace(entry.old, entry.new)) for line, code in parts]
+    before = [f"echo \"## before {page}: {command}\" >&2\n{command}\n"
+              for command, _ in BEFORE.get(page, ())]
+    return "\n".join(before + [f"echo \"## {page}:{line} (at $SECONDS s)\" >&2\n{code}"
+                               for line, code in parts])
+
+
+def table(page):
+    """The page's substitutions and the blocks it leaves out, as printed with each run."""
+    rows = [f"### {page}"]
+    entries = substitutions(page)
+    rows.append("| as the page writes it | as the walk runs it | why |")
+    rows.append("| --- | --- | --- |")
+    def cell(text):
+        return text.replace("|", "\\|").replace("\n", "\\n")
+
+    rows.extend(f"| `{cell(e.old)}` | `{cell(e.new)}` | {e.why} |" for e in entries)
+    if not entries:
+        rows.append("| (no substitution) | | |")
+    for command, why in BEFORE.get(page, ()):
+        rows.append(f"before the page: `{command}` ({why})")
+    for line, _, reason in blocks(read(page)):
+        if reason is not None:
+            rows.append(f"not run: the block at line {line}: {reason}")
+    return "\n".join(rows)
+
+
+def fresh_checkout(directory):
+    """A clone of the repository (its history too: pages compare with older commits)
+    with the working tree's files on top (tracked, and new ones git does not ignore):
+    what the pages run is the code under test, committed or not."""
+    subprocess.run(["git", "clone", "--quiet", "--local", "--no-hardlinks", REPOSITORY,
+                    directory], check=True, capture_output=True)
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"],
+                            cwd=REPOSITORY, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source, target = os.path.join(REPOSITORY, name), os.path.join(directory, name)
+        if not os.path.isfile(source):  # deleted from the working tree
+            if os.path.lexists(target):
+                os.remove(target)
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def environment(home, mirror=None):
+    """The walk's environment: a fresh HOME, no KERAS_BACKEND, the mirror and free ports.
+    The tests' own settings stay out: XLA_FLAGS (tests/conftest.py turns XLA's LLVM
+    optimizations off, which makes a recipe's steps ten times slower) and the threads
+    per pytest worker."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("KERAS_", "PYTEST_"))
+           and name not in ("OMP_NUM_THREADS", "XLA_FLAGS")}
+    env.update(HOME=home, PORT=str(free_port()), PORT_2=str(free_port()),
+               PORT_3=str(free_port()))
+    if mirror is not None:
+        env["KERAS_TRANSFORMER_DATA_MIRROR"] = mirror
+    return env
+
+
+@dataclasses.dataclass
+class PageRun:
+    page: str
+    status: int
+    seconds: float
+    output: str
+
+
+def run_page(page, directory, env, timeout=900):
+    """Runs the page's script in `directory`; the background jobs it leaves are ended."""
+    program = ("set -e\ntrap 'jobs -p | xargs -r kill 2>/dev/null; wait' EXIT\n"
+               + script(page) + "\n")
+    start = time.monotonic()
+    process = subprocess.Popen(["bash", "-c", program], cwd=directory, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        output += f"\n(the page ran past {timeout} s and was stopped)"
+    return PageRun(page, process.returncode, time.monotonic() - start, output)
+
+
+def failure(run):
+    """Where a page stopped: its last block's line, and the output's last lines."""
+    started = re.findall(r"^## (\S+:\d+) ", run.output, re.M)
+    tail = "\n".join(run.output.splitlines()[-40:])
+    where = started[-1] if started else run.page
+    return f"{where}: the block ended with status {run.status} after {run.seconds:.0f} s\n{tail}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", nargs="+", default=PAGES, choices=PAGES, metavar="PAGE")
+    parser.add_argument("--leg", choices=LEGS, help="the pages of one leg (default: all, one "
+                        "leg after the other in one clone)")
+    parser.add_argument("--directory", help="where the fresh checkout goes (default: a "
+                        "temporary folder, removed afterwards)")
+    parser.add_argument("--list", action="store_true", help="print the tables and the "
+                        "scripts, run nothing")
+    parser.add_argument("--tables", action="store_true", help="print the tables only")
+    args = parser.parse_args(argv)
+    if args.leg:
+        args.pages = LEGS[args.leg]
+    if args.list or args.tables:
+        for page in args.pages:
+            print(table(page), *([] if args.tables else [script(page)]), sep="\n\n",
+                  end="\n\n")
+        return 0
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = args.directory or os.path.join(scratch, "checkout")
+        if not os.path.isdir(os.path.join(directory, ".git")):  # else a walk's, reused
+            os.makedirs(directory, exist_ok=True)
+            fresh_checkout(directory)
+        home = f"{directory}-home" if args.directory else os.path.join(scratch, "home")
+        os.makedirs(home, exist_ok=True)
+        from helpers import data_mirror, loopback_http
+
+        with loopback_http(data_mirror(), lifetime=3600) as mirror:
+            env = environment(home, mirror)
+            for page in args.pages:
+                print(table(page), flush=True)
+                run = run_page(page, directory, env)
+                print(run.output if run.status == 0 else failure(run), flush=True)
+                print(f"{page}: status {run.status} in {run.seconds:.0f} s\n", flush=True)
+                if run.status != 0:
+                    return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

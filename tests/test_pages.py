@@ -1,0 +1,93 @@
+"""The pages run as a new user runs them: README.md, then docs/ and the benchmarks' pages,
+every ```bash block in page order in one fresh copy of the checkout (tests/page_walk.py has
+the walk, its substitution tables and the marker of a block that cannot run here).
+
+The walk's subject is the program, not a backend (its commands pick their backends, as
+the pages write them): its three legs run one in each pass of the suite, each in a fresh clone
+of its own (`page_walk.LEGS`), and the other tests of this file in the torch pass. A failure
+names the page and the line of the block that failed, with the table of what the walk changed
+and the output's end.
+"""
+
+import glob
+import os
+
+import page_walk
+import pytest
+from helpers import REPOSITORY, data_mirror, loopback_http
+
+
+@pytest.mark.once("torch")
+def test_every_page_with_shell_blocks_is_walked():
+    pages = ["README.md", *glob.glob("docs/*.md", root_dir=REPOSITORY),
+             *glob.glob("benchmarks/**/*.md", root_dir=REPOSITORY, recursive=True),
+             *glob.glob("saved_models/*.md", root_dir=REPOSITORY)]
+    with_blocks = {page for page in pages if page_walk.blocks(page_walk.read(page))}
+    assert with_blocks <= set(page_walk.PAGES), sorted(with_blocks - set(page_walk.PAGES))
+    assert set(page_walk.SUBSTITUTIONS) <= set(page_walk.PAGES)
+
+
+@pytest.mark.once("torch")
+@pytest.mark.parametrize("page", page_walk.PAGES)
+def test_each_substitution_matches_a_block_the_walk_runs(page):
+    page_walk.script(page)  # raises on a substitution that matches nothing
+
+
+@pytest.mark.once("torch")
+def test_marked_blocks_are_left_out_and_substitutions_applied(monkeypatch):
+    text = ("Intro.\n\n```bash\nrun --steps 8000\n```\n\n"
+            "<!-- not run by the tests: it needs a GPU -->\n```bash\nrun --gpu\n```\n\n"
+            "```python\nprint(1)\n```\n")
+    assert [(line, reason) for line, _, reason in page_walk.blocks(text)] == [
+        (4, None), (9, "it needs a GPU")]
+    monkeypatch.setitem(page_walk.SUBSTITUTIONS, "page.md", (
+        page_walk.Substitution("--steps 8000", "--steps 2", "steps"),))
+    script = page_walk.script("page.md", text)
+    assert "run --steps 2" in script and "8000" not in script and "--gpu" not in script
+    assert 'echo "## page.md:4 (at $SECONDS s)"' in script
+    monkeypatch.setitem(page_walk.SUBSTITUTIONS, "page.md", (
+        page_walk.Substitution("--steps 9", "--steps 2", "steps"),))
+    with pytest.raises(ValueError, match="'--steps 9' matches no block it runs"):
+        page_walk.script("page.md", text)
+    monkeypatch.setitem(page_walk.SUBSTITUTIONS, "page.md", (
+        page_walk.Substitution("--gpu", "", "no GPU"),))
+    with pytest.raises(ValueError, match="matches no block it runs"):  # only in a marked one
+        page_walk.script("page.md", text)
+
+
+@pytest.mark.once("torch")
+def test_a_marker_without_a_reason_is_an_error():
+    with pytest.raises(ValueError, match="line 1: write the marker as"):
+        page_walk.blocks("<!-- not run by the tests -->\n```bash\nls\n```\n")
+
+
+@pytest.mark.once("torch")
+def test_a_failing_block_is_named_with_its_line(tmp_path, monkeypatch):
+    text = "```bash\ntrue\n```\n\n```bash\necho before\nfalse\necho after\n```\n"
+    monkeypatch.setattr(page_walk, "read", lambda page: text)
+    run = page_walk.run_page("page.md", str(tmp_path), dict(os.environ), timeout=60)
+    assert run.status == 1 and "before" in run.output and "after" not in run.output
+    assert page_walk.failure(run).startswith("page.md:6: the block ended with status 1")
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory):
+    """The fresh checkout, the fresh HOME and the loopback mirror the pages share."""
+    directory = tmp_path_factory.mktemp("walk")
+    checkout, home = directory / "checkout", directory / "home"
+    checkout.mkdir()
+    home.mkdir()
+    page_walk.fresh_checkout(str(checkout))
+    with loopback_http(data_mirror(), lifetime=3600) as mirror:
+        yield str(checkout), page_walk.environment(str(home), mirror)
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(page, marks=pytest.mark.once(page_walk.leg_of(page))) for page in page_walk.PAGES])
+@pytest.mark.backs("README.md", "runs under `tests/test_pages.py`, page after page in one fresh")
+def test_the_page_runs(page, walk):
+    directory, env = walk
+    print(page_walk.table(page))
+    run = page_walk.run_page(page, directory, env, timeout=1800)
+    print(run.output)
+    assert run.status == 0, f"{page_walk.table(page)}\n\n{page_walk.failure(run)}"

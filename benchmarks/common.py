@@ -138,6 +138,17 @@ def multi30k_dir():
     return shared if os.path.isdir(shared) else cache_dir(MULTI30K)
 
 
+def fetched_if_cache(data_dir):
+    """`data_dir`; when it is the Multi30k recipe's folder in the Keras cache, whatever of
+    Multi30k it lacks is downloaded there first, as the recipe would (a user without
+    ../shared/data has not necessarily run the recipe)."""
+    from keras_transformer.data.downloads import MULTI30K, cache_dir, fetch
+
+    if os.path.realpath(data_dir) == os.path.realpath(cache_dir(MULTI30K)):
+        fetch(MULTI30K, print_fn=progress)
+    return data_dir
+
+
 def transformer_config(size, dropout_rate=0.1, **overrides):
     """The `TransformerConfig` of a named size (dropout as in the paper's base)."""
     from keras_transformer import TransformerConfig

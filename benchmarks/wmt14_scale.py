@@ -235,6 +235,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.quick:
         args.pairs = 50_000
+    args.data_dir = common.fetched_if_cache(args.data_dir)
     folder, run_dir = (os.path.join(args.work_dir, name) for name in ("data", "run"))
     shutil.rmtree(run_dir, ignore_errors=True)
     if not (args.keep_corpus and os.path.exists(os.path.join(folder, "train.de"))):

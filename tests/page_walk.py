@@ -1,10 +1,12 @@
 """The pages, run as a new user runs them: every ```bash block of README.md, then of the
-docs/ pages and the benchmarks' pages, in page order, in one fresh copy of the checkout.
+docs/ pages and the benchmarks' pages, in page order, in fresh clones of the repository.
 
-A new user follows README.md and then docs/: the pages build on each other (docs/serving.md
-serves the model README.md's quickstart trained), so the walk runs the pages one after the
-other in one directory, each page's blocks joined into one bash script (`set -e`: a command
-that fails ends its page, with the page and the line of its block).
+A new user follows README.md and then docs/: the pages build on each other (docs/translation.md
+translates with the models README.md and docs/results.md trained), so the walk runs the pages
+one after the other in one directory, each page's blocks joined into one bash script (`set -e`:
+a command that fails ends its page, with the page and the line of its block). It goes in
+three legs (`LEGS`), one per pass of the suite, each in a clone of its own; what a leg's
+first page takes from an earlier leg it makes first (`BEFORE`, printed with the table).
 
 What the walk changes is declared in `SUBSTITUTIONS`, one table per page, printed with each
 run: step counts and sizes (minutes of training become seconds), ports (a free one for
@@ -22,7 +24,8 @@ WMT14, hours of measurement) is marked in the page itself, on the line above its
 and only parsed (tests/test_doc_commands.py checks every command's options).
 
     python tests/page_walk.py [--pages README.md docs/serving.md] [--directory DIR]
-    python tests/page_walk.py --tables   # what the walk changes, page by page (--list: and runs)
+    python tests/page_walk.py --tables   # what the walk changes, page by page
+    python tests/page_walk.py --list     # the tables and the scripts the walk would run
 """
 
 import argparse

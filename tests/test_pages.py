@@ -84,7 +84,7 @@ def walk(tmp_path_factory):
 
 @pytest.mark.parametrize("page", [
     pytest.param(page, marks=pytest.mark.once(page_walk.leg_of(page))) for page in page_walk.PAGES])
-@pytest.mark.backs("README.md", "runs under `tests/test_pages.py`, page after page in one fresh")
+@pytest.mark.backs("README.md", "runs under `tests/test_pages.py`, page after page in fresh")
 def test_the_page_runs(page, walk):
     directory, env = walk
     print(page_walk.table(page))

@@ -3,8 +3,9 @@ every ```bash block in page order in one fresh copy of the checkout (tests/page_
 the walk, its substitution tables and the marker of a block that cannot run here).
 
 The walk's subject is the program, not a backend (its commands pick their backends, as
-the pages write them): its three legs run one in each pass of the suite, each in a fresh clone
-of its own (`page_walk.LEGS`), and the other tests of this file in the torch pass. A failure
+the pages write them): its legs run one in each of the TensorFlow and JAX passes of the suite,
+each in a fresh clone of its own (`page_walk.LEGS`; the benchmarks' leg is walked by hand, see
+there), and the other tests of this file in the torch pass. A failure
 names the page and the line of the block that failed, with the table of what the walk changed
 and the output's end.
 """
@@ -82,9 +83,9 @@ def walk(tmp_path_factory):
         yield str(checkout), page_walk.environment(str(home), mirror)
 
 
-@pytest.mark.parametrize("page", [
-    pytest.param(page, marks=pytest.mark.once(page_walk.leg_of(page))) for page in page_walk.PAGES])
-@pytest.mark.backs("README.md", "runs under `tests/test_pages.py`, page after page in fresh")
+@pytest.mark.parametrize("page", [pytest.param(page, marks=pytest.mark.once(leg))
+                                  for leg in page_walk.PASSES for page in page_walk.LEGS[leg]])
+@pytest.mark.backs("README.md", "and of `docs/` runs under `tests/test_pages.py`, page after page")
 def test_the_page_runs(page, walk):
     directory, env = walk
     print(page_walk.table(page))

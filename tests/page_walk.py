@@ -73,14 +73,14 @@ class Substitution:
 # Sizes for the quickstart that keep its products real (a model, a tokenizer, exports)
 # while it trains for seconds.
 _QUICKSTART = "--steps 40 --checkpoint-every 20 --train-pairs 2000 --test-pairs 20"
-_INSTALLED = "installed already: `.ci/run` runs this install first"
 # A Multi30k run of seconds on 2,000 training pairs, scored on 10 sentences.
 _MULTI30K = ("--steps 20 --checkpoint-every 10 --train-limit 1000 --max-sentence-length 16 "
              "--vocab-size 600 --eval-limit 10")
 
 SUBSTITUTIONS = {
     "README.md": (
-        Substitution('pip install torch==2.13.0 -e ".[all]" && ', "", _INSTALLED),
+        Substitution('pip install torch==2.13.0 -e ".[all]" && ', "",
+                     "installed already: `.ci/run` runs this install first"),
         Substitution("python -m recipes.quickstart", f"python -m recipes.quickstart {_QUICKSTART}",
                      "steps and sizes"),
         Substitution("8501", "$PORT", "a free port"),
@@ -280,7 +280,7 @@ class PageRun:
     output: str
 
 
-def run_page(page, directory, env, timeout=900):
+def run_page(page, directory, env, timeout=1800):
     """Runs the page's script in `directory`; the background jobs it leaves are ended."""
     program = ("set -e\ntrap 'jobs -p | xargs -r kill 2>/dev/null; wait' EXIT\n"
                + script(page) + "\n")

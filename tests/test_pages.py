@@ -89,6 +89,6 @@ def walk(tmp_path_factory):
 def test_the_page_runs(page, walk):
     directory, env = walk
     print(page_walk.table(page))
-    run = page_walk.run_page(page, directory, env, timeout=1800)
+    run = page_walk.run_page(page, directory, env)
     print(run.output)
     assert run.status == 0, f"{page_walk.table(page)}\n\n{page_walk.failure(run)}"

@@ -289,6 +289,36 @@ def test_serving_while_the_first_version_loads(saved_model):
     assert "terminate called" not in command.text("stderr")
 
 
+SIGTERM_BEFORE_THE_LOOP_TURNS = """
+import os, signal, sys
+from keras_transformer.cli import errors
+from keras_transformer.serving import ServerOptions, TranslationServer
+
+server = TranslationServer(sys.argv[1], ServerOptions(port=0))
+bind_and_load = server._bind_and_load
+
+def bind_load_and_signal(announce=False):
+    bind_and_load(announce)
+    signal.raise_signal(signal.SIGTERM)  # after the first line, before the loop runs
+
+server._bind_and_load = bind_load_and_signal
+with errors.command_line():  # its SIGTERM handler raises, as the command's does
+    print(server.serve_forever().name, flush=True)
+os._exit(0)  # as the command does: the version may still be loading
+"""
+
+
+def test_a_sigterm_before_the_event_loop_runs_stops_the_server_gracefully(saved_model):
+    """The event loop owns SIGTERM from the server's first line on: a signal that
+    comes before the loop's first turn waits for it and stops the server the
+    graceful way (`serve_forever` returns the signal), instead of meeting the
+    command line's raising handler inside asyncio's own code."""
+    result = subprocess.run([sys.executable, "-c", SIGTERM_BEFORE_THE_LOOP_TURNS,
+                             str(saved_model)], capture_output=True, text=True,
+                            cwd=REPOSITORY, timeout=EXIT_TIMEOUT)
+    assert (result.returncode, result.stdout.strip()) == (0, "SIGTERM"), result.stderr[-3000:]
+
+
 SERVE_WHILE_A_VERSION_WARMS_UP = """
 import concurrent.futures, signal, sys, threading, time
 from keras_transformer import serving

@@ -192,13 +192,24 @@ class TranslationServer:
     def serve_forever(self):
         """Binds, loads and serves until SIGTERM or Ctrl-C (in the main
         thread); then answers the requests in flight and returns the signal
-        that stopped it (`signal.SIGTERM` or `signal.SIGINT`)."""
-        self._bind_and_load(announce=True)
+        that stopped it (`signal.SIGTERM` or `signal.SIGINT`).
+
+        The event loop takes the two signals before the port is bound: one that
+        comes while the loop is not yet running waits in the loop's wake-up pipe
+        and stops the server on the loop's first turn. (A handler that raises,
+        as a command line's does, can run inside the loop's own machinery, where
+        the exception is not the server's to see.)"""
         self._previous_handlers = {number: signal.getsignal(number)
                                    for number in (signal.SIGINT, signal.SIGTERM)}
         try:
-            return asyncio.run(self._serve(handle_signals=True))
-        finally:
+            with asyncio.Runner() as runner:
+                loop = runner.get_loop()
+                self._attach(loop)
+                for number in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(number, self._stop_on_signal, number)
+                self._bind_and_load(announce=True)
+                return runner.run(self._serve())
+        finally:  # after the loop's close, which puts the default handlers back
             self._restore_signal_handlers()
             self._stop_backend()
             if self._load_error is not None:
@@ -215,15 +226,16 @@ class TranslationServer:
             pass
         return self
 
-    async def _serve(self, handle_signals=False):
-        """Serves until `_request_stop`; returns the signal that stopped it, if any."""
-        loop = asyncio.get_running_loop()
+    def _attach(self, loop):
+        """`loop` serves; the result of `_stop`, a future of it, ends serving."""
         self._stop = loop.create_future()
         self._loop = loop  # after _stop: `_request_stop` reads them in this order
-        if handle_signals:
-            for number in (signal.SIGINT, signal.SIGTERM):
-                self._loop.add_signal_handler(number, self._stop_on_signal, number)
-        if self._load_error is not None:  # the load failed before the loop ran
+
+    async def _serve(self):
+        """Serves until `_request_stop`; returns the signal that stopped it, if any."""
+        if self._loop is None:
+            self._attach(asyncio.get_running_loop())
+        if self._load_error is not None and not self._stop.done():  # failed before the loop ran
             self._stop.set_result(None)
         await self._http.serve(self._socket, self.options.backlog, self._stop,
                                self.options.graceful_shutdown_seconds,

@@ -119,7 +119,8 @@ def run(splits, config, options):
         options: `RunOptions`.
 
     Returns:
-        The content of results.json: "phases" done, "steps", "train_seconds",
+        The content of results.json: "phases" done, "steps", "train_seconds" (of
+        every sitting of a resumed run, which adds the step it "resumed_from_step"),
         "parameters", the test figures of `scoring.evaluate_split` (the averaged
         model's under "averaged"), "alpha_tuning", "validation_curve", "saved_model".
 
@@ -356,11 +357,18 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
         if "training" not in record:
             seconds = time.time() - start
             now = len(history.epoch) * every
-            print(f"Trained {steps} steps in {seconds:.0f} s" if now == steps else
-                  f"Trained to step {steps} ({now} steps in this run) in {seconds:.0f} s")
+            sittings = {}
+            if now != steps:  # resumed: the windows of every sitting, from the log
+                total = scoring.training_seconds_by_step(
+                    run_files.path(save_dir, run_files.TRAINING_LOG)).get(steps, seconds)
+                print(f"Trained to step {steps} ({now} steps in this run) in {seconds:.0f} s; "
+                      f"{total:.0f} s over every sitting")
+                seconds, sittings = total, {"resumed_from_step": steps - now}
+            else:
+                print(f"Trained {steps} steps in {seconds:.0f} s")
             record.finish("training", recipe=options.name, backend=keras.backend.backend(),
                           steps=steps, train_seconds=round(seconds, 1),
-                          parameters=model.count_params())
+                          parameters=model.count_params(), **sittings)
         run_files.save_model(model, run_files.path(save_dir, run_files.MODEL))
     if distributed.is_chief:
         print(f"Saved {model_path} (tokenizer beside it)")

@@ -11,6 +11,7 @@ import pytest
 
 from keras_transformer import TransformerConfig, run_files
 from keras_transformer.data.corpora import ParallelCorpus, synthetic_translation
+from keras_transformer.training import scoring
 from keras_transformer.training.run import PHASES, RunOptions, cooldown_steps, run
 
 # One window of two steps is enough to leave checkpoints, a backup and models; greedy
@@ -89,6 +90,9 @@ def test_a_run_does_only_what_results_json_lacks(tmp_path, splits, capsys):
     more = run(splits, CONFIG, dataclasses.replace(options, steps=6))
     assert "Trained to step 6 (2 steps in this run)" in capsys.readouterr().out
     assert more["steps"] == 6 and more["phases"] == results["phases"]
+    # Its training time is every sitting's: the windows of training_log.csv.
+    log = scoring.training_seconds_by_step(run_files.path(run_dir, run_files.TRAINING_LOG))
+    assert more["resumed_from_step"] == 4 and more["train_seconds"] == log[6] > log[4]
     assert windows(run_dir) == ["0", "1", "2"]
 
 

@@ -163,8 +163,25 @@ def test_validation_curves_from_recipe_runs(tmp_path):
     with pytest.raises(FileNotFoundError, match="--validation-curve"):
         plots.plot_validation_curve(tmp_path / "x.png", {"x": str(tmp_path / "missing")})
     (tmp_path / "untimed.csv").write_text("step,training_seconds,bleu,bleu_lowercase\n200,,1,1\n")
-    with pytest.raises(ValueError, match="no row with a training time"):
+    with pytest.raises(ValueError, match="no row with a training seconds: draw it against='steps'"):
         plots.plot_validation_curve(tmp_path / "x.png", {"x": str(tmp_path / "untimed.csv")})
+    with pytest.raises(ValueError, match="against='hours'"):
+        plots.plot_validation_curve(tmp_path / "x.png", {"x": str(tmp_path / "final")}, "hours")
+
+
+def test_validation_curves_against_minutes_or_steps(tmp_path, drawn):
+    (tmp_path / "curve.csv").write_text("step,training_seconds,bleu,bleu_lowercase\n"
+                                        "200,120.0,10.0,10.5\n400,300.0,20.0,20.5\n")
+    for against in ("minutes", "steps"):
+        plots.plot_validation_curve(tmp_path / f"{against}.png",
+                                    {"run": str(tmp_path / "curve.csv")}, against=against)
+    [by_minutes], [by_steps] = (figure.axes for figure in drawn)
+    lower_cased, cased = by_minutes.get_lines()
+    assert list(lower_cased.get_xdata()) == [2.0, 5.0] == list(cased.get_xdata())
+    assert list(lower_cased.get_ydata()) == [10.5, 20.5] and list(cased.get_ydata()) == [10.0, 20.0]
+    assert by_minutes.get_xlabel() == "training time (minutes)"
+    assert [list(line.get_xdata()) for line in by_steps.get_lines()] == [[200, 400]] * 2
+    assert by_steps.get_xlabel() == "optimizer step"
 
 
 def test_variant_bars_show_each_rows_bleu_and_perplexity(tmp_path, drawn):

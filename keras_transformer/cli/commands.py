@@ -94,7 +94,7 @@ def plot(args):
         print(plots.plot_training_log(args.output, runs, steps_per_window=args.steps_per_window))
     elif args.figure == "validation":
         runs = {os.path.basename(os.path.normpath(run)): run for run in args.runs}
-        print(plots.plot_validation_curve(args.output, runs))
+        print(plots.plot_validation_curve(args.output, runs, against=args.against))
     else:
         paths = plots.plot_translation_attention(
             load_translator(args.model), args.sentence, args.output_dir,

@@ -194,12 +194,15 @@ def _add_plot(command, native_logs):
                           help="PNG file")
     training.add_argument("--steps-per-window", type=positive_int,
                           help="the runs' --checkpoint-every, to count optimizer steps")
-    curve = figure("validation", help="validation BLEU against training time of recipe runs "
-                                      "trained with --validation-curve")
+    curve = figure("validation", help="validation BLEU against training time (or steps) of "
+                                      "recipe runs trained with --validation-curve")
     curve.add_argument("runs", nargs="+", type=path("model"),
                        help="run directories (or validation_curve.csv files)")
     curve.add_argument("--output", default="plots/validation.png", type=path("output file"),
                        help="PNG file")
+    curve.add_argument("--against", choices=("minutes", "steps"), default="minutes",
+                       help="the x axis: training minutes, or optimizer steps (which compare "
+                            "runs of other backends, machines or sittings)")
     plot.set_defaults(run=commands.plot)
 
 

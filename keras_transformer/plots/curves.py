@@ -170,18 +170,21 @@ def plot_training_log(path, runs, steps_per_window=None):
     return canvas.save(figure, path)
 
 
-def plot_validation_curve(path, runs):
-    """Draws validation BLEU against training time, one line per run, from
-    the `validation_curve.csv` that a recipe's `--validation-curve` writes
+def plot_validation_curve(path, runs, against="minutes"):
+    """Draws validation BLEU against training time or optimizer steps, one line per
+    run, from the `validation_curve.csv` that a recipe's `--validation-curve` writes
     (one row per checkpoint: step, training_seconds, bleu, bleu_lowercase).
 
     Lower-cased BLEU is drawn solid, cased BLEU dashed, against the training
-    minutes up to each checkpoint (compilation and validation passes
-    included; evaluation after training is not).
+    minutes up to each checkpoint (compilation and validation passes included;
+    evaluation after training is not) or against the checkpoint's step. Steps
+    compare runs whose minutes do not: runs on other backends or machines, or a
+    run trained in several sittings beside other work.
 
     Args:
         path: PNG file to write; parent folders are created.
         runs: {label: run directory (or validation_curve.csv path)}.
+        against: "minutes" or "steps", the x axis.
 
     Returns:
         `path`.
@@ -191,8 +194,11 @@ def plot_validation_curve(path, runs):
     """
     import csv
 
+    if against not in _VALIDATION_AXES:
+        raise ValueError(f"against={against!r}: use one of {sorted(_VALIDATION_AXES)}.")
     if not runs:
         raise ValueError("runs is empty: pass {label: run directory}.")
+    column, scale, axis_label = _VALIDATION_AXES[against]
     figure = canvas.figure(figsize=(7.5, 4.5))
     axes = figure.subplots()
     for label, run in runs.items():
@@ -202,20 +208,26 @@ def plot_validation_curve(path, runs):
                 f"No validation curve at {curve_path!r}: train the run with a recipe's "
                 "--validation-curve, which writes RUN_DIR/validation_curve.csv.")
         with open(curve_path) as f:
-            rows = [row for row in csv.DictReader(f) if row.get("training_seconds")]
+            rows = [row for row in csv.DictReader(f) if row.get(column)]
         if not rows:
-            raise ValueError(f"{curve_path!r} has no row with a training time.")
-        minutes = [float(row["training_seconds"]) / 60 for row in rows]
-        line, = axes.plot(minutes, [float(row["bleu_lowercase"]) for row in rows], "o-",
+            raise ValueError(f"{curve_path!r} has no row with a {column.replace('_', ' ')}"
+                             + (": draw it against='steps'" if against == "minutes" else "."))
+        x = [float(row[column]) / scale for row in rows]
+        line, = axes.plot(x, [float(row["bleu_lowercase"]) for row in rows], "o-",
                           markersize=3, label=f"{label} lower-cased")
-        axes.plot(minutes, [float(row["bleu"]) for row in rows], "--", color=line.get_color(),
+        axes.plot(x, [float(row["bleu"]) for row in rows], "--", color=line.get_color(),
                   label=f"{label} cased")
-    axes.set_xlabel("training time (minutes)")
+    axes.set_xlabel(axis_label)
     axes.set_ylabel("validation BLEU")
     axes.set_title("validation BLEU of each checkpoint")
     axes.grid(alpha=0.3)
     axes.legend()
     return canvas.save(figure, path)
+
+
+# `against`: (the column of validation_curve.csv, its unit per x unit, the axis label).
+_VALIDATION_AXES = {"minutes": ("training_seconds", 60, "training time (minutes)"),
+                    "steps": ("step", 1, "optimizer step")}
 
 
 def plot_variants(path, rows, title="Table 3 variants"):

@@ -307,6 +307,9 @@ MALFORMED = [
      "Unknown signature_name"),
     ("signature name a list", _ids([5], signature_name=["translate_ids"]), 400,
      "Unknown signature_name"),
+    ("n-best of a version exported without it",
+     _post({"signature_name": "translate_n_best", "instances": ["a"]}), 400,
+     "no translate_n_best signature: export it with `keras-transformer export --n-best N`"),
     ("instances a string", _post({"instances": "a sentence"}), 400, "must be a list"),
     ("instances an object", _post({"instances": {"inputs": "a"}}), 400, "must be a list"),
     ("instances empty", _post({"instances": []}), 400, "is empty"),
@@ -440,6 +443,7 @@ MALFORMED = [
                          ids=[case[0] for case in MALFORMED])
 @pytest.mark.backs("docs/serving.md",
                    "every client mistake, down to malformed HTTP, gets a 4xx JSON")
+@pytest.mark.backs("docs/serving.md", "exported without it answers 400 with how to export one")
 def test_malformed_request_is_answered_with_a_json_error_and_the_server_keeps_serving(
         server, what, status, phrase):
     if callable(what):

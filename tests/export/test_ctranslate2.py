@@ -122,6 +122,7 @@ def our_ids(trained, beam_size):
 
 
 @one_pass_only
+@pytest.mark.backs("docs/serving.md", "greedy search gives the same ids")
 def test_greedy_ids_equal_ours_for_every_sentence(trained, converted):
     ours = our_ids(trained, beam_size=1)
     theirs = ctranslate2_ids(converted, trained["tokenizer"], trained["sentences"], 1)
@@ -156,6 +157,7 @@ def without_pad_and_bos(trained, tmp_path_factory):
 
 
 @one_pass_only
+@pytest.mark.backs("docs/serving.md", "beam search at α = 0 the same search: the same ids")
 def test_beam_ids_agree_on_at_least_99_percent_of_sentences(without_pad_and_bos):
     """Beam 4 with α = 0 on both sides searches the same ranking (sum of
     log-probabilities, 2·beam candidates per step, the best finished

@@ -319,6 +319,45 @@ def test_a_sigterm_before_the_event_loop_runs_stops_the_server_gracefully(saved_
     assert (result.returncode, result.stdout.strip()) == (0, "SIGTERM"), result.stderr[-3000:]
 
 
+A_SIGNAL_AROUND_THE_PUBLISHING_RENAME = """
+import os, signal, sys
+from keras_transformer.cli import commands, errors, parser
+from keras_transformer.export import saved_model, versions
+
+base, published = sys.argv[1], sys.argv[2] == "after"
+
+def export_saved_model(model, export_base, version, **settings):
+    # What the export leaves once its rename published the version, or nothing yet.
+    if published:
+        os.makedirs(os.path.join(export_base, str(version), "assets.extra"))
+        for name in ("saved_model.pb", versions.METADATA_PATH):
+            open(os.path.join(export_base, str(version), name), "w").close()
+    signal.raise_signal(signal.SIGTERM)
+
+saved_model.export_saved_model = export_saved_model
+args = parser.build_parser().parse_args(["export", sys.argv[3], base])
+with errors.command_line():
+    commands.export(args)
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.backs("docs/troubleshooting.md", "has nothing left to stop: it says the version")
+def test_a_signal_after_the_version_is_published_ends_the_export_with_0(tmp_path, when):
+    """SIGTERM once the version is published: the command says the export is done
+    and ends with 0; before it, the export stops with 143 and says nothing of it."""
+    model = tmp_path / "model.keras"
+    model.write_bytes(b"")
+    result = subprocess.run([sys.executable, "-c", A_SIGNAL_AROUND_THE_PUBLISHING_RENAME,
+                             str(tmp_path / "exports"), when, str(model)],
+                            capture_output=True, text=True, cwd=REPOSITORY, timeout=EXIT_TIMEOUT)
+    complete = (f"{tmp_path / 'exports' / '1'} was complete when the signal came: "
+                "the export is done.")
+    assert (result.returncode, complete in result.stderr) == (
+        (0, True) if when == "after" else (143, False)), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
 SERVE_WHILE_A_VERSION_WARMS_UP = """
 import concurrent.futures, signal, sys, threading, time
 from keras_transformer import serving

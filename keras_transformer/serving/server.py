@@ -227,7 +227,7 @@ class TranslationServer:
         return self
 
     def _attach(self, loop):
-        """`loop` serves; the result of `_stop`, a future of it, ends serving."""
+        """Serving runs on `loop` and ends with the result of `_stop`, a future of it."""
         self._stop = loop.create_future()
         self._loop = loop  # after _stop: `_request_stop` reads them in this order
 

@@ -357,18 +357,18 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
         if "training" not in record:
             seconds = time.time() - start
             now = len(history.epoch) * every
-            sittings = {}
+            resumed = {}
             if now != steps:  # resumed: the windows of every sitting, from the log
                 total = scoring.training_seconds_by_step(
                     run_files.path(save_dir, run_files.TRAINING_LOG)).get(steps, seconds)
                 print(f"Trained to step {steps} ({now} steps in this run) in {seconds:.0f} s; "
                       f"{total:.0f} s over every sitting")
-                seconds, sittings = total, {"resumed_from_step": steps - now}
+                seconds, resumed = total, {"resumed_from_step": steps - now}
             else:
                 print(f"Trained {steps} steps in {seconds:.0f} s")
             record.finish("training", recipe=options.name, backend=keras.backend.backend(),
                           steps=steps, train_seconds=round(seconds, 1),
-                          parameters=model.count_params(), **sittings)
+                          parameters=model.count_params(), **resumed)
         run_files.save_model(model, run_files.path(save_dir, run_files.MODEL))
     if distributed.is_chief:
         print(f"Saved {model_path} (tokenizer beside it)")

@@ -329,9 +329,11 @@ base, published = sys.argv[1], sys.argv[2] == "after"
 def export_saved_model(model, export_base, version, **settings):
     # What the export leaves once its rename published the version, or nothing yet.
     if published:
-        os.makedirs(os.path.join(export_base, str(version), "assets.extra"))
-        for name in ("saved_model.pb", versions.METADATA_PATH):
-            open(os.path.join(export_base, str(version), name), "w").close()
+        files = [os.path.join(export_base, str(version), name)
+                 for name in ("saved_model.pb", versions.METADATA_PATH)]
+        for path in files:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
     signal.raise_signal(signal.SIGTERM)
 
 saved_model.export_saved_model = export_saved_model

@@ -112,36 +112,78 @@ def validation_curve(run_dir, corpus, source_tokenizer, target_tokenizer=None, *
                      beam_size=4, alpha=0.6, limit=None):
     """Scores every checkpoint of a run on a validation split and writes
     `RUN_DIR/validation_curve.csv`, one row per checkpoint: its step, the training
-    time up to it (`training_seconds_by_step`), cased and lower-cased BLEU.
+    time up to it (`training_seconds_by_step`), cased and lower-cased BLEU, and the
+    search that scored it (beam size, α, sentences).
+
+    The file is rewritten after every checkpoint, so a curve that is stopped keeps
+    what it scored: a second call reuses the rows of checkpoints that are still there
+    and were scored with the same beam size, α and sentences, and scores the rest.
 
     Returns:
-        The rows, as dicts.
+        The rows, as dicts, in the order of the steps.
     """
     checkpoints = list_checkpoints(run_files.path(run_dir, run_files.CHECKPOINTS))
     elapsed = training_seconds_by_step(run_files.path(run_dir, run_files.TRAINING_LOG))
     sources, references = scored_pairs(corpus, limit)
-    rows = []
-    for index, path in enumerate(checkpoints, 1):
-        step = int(CHECKPOINT_PATTERN.search(path).group(1))
+    search = {"beam_size": beam_size, "alpha": alpha, "sentences": len(sources)}
+    curve_path = run_files.path(run_dir, run_files.VALIDATION_CURVE)
+    steps = [int(CHECKPOINT_PATTERN.search(path).group(1)) for path in checkpoints]
+    scored = {row["step"]: row for row in _read_curve(curve_path, search) if row["step"] in steps}
+    if scored:
+        print(f"Validation curve: {len(scored)} of {len(checkpoints)} checkpoints already "
+              f"scored in {curve_path}, with the same search; scoring the rest", flush=True)
+    for index, (step, path) in enumerate(zip(steps, checkpoints), 1):
+        if step in scored:
+            continue
         translator = Translator(run_files.load_model(path), source_tokenizer,
                                 target_tokenizer=target_tokenizer)
         result = evaluation.evaluate(translator, sources, references, beam_size=beam_size,
                                      alpha=alpha, verbose=0)
-        rows.append({"step": step, "training_seconds": elapsed.get(step),
-                     "bleu": round(result.bleu, 2),
-                     "bleu_lowercase": round(result.bleu_lowercase, 2)})
+        scored[step] = {"step": step, "training_seconds": elapsed.get(step),
+                        "bleu": round(result.bleu, 2),
+                        "bleu_lowercase": round(result.bleu_lowercase, 2), **search}
+        _write_curve(curve_path, [scored[step] for step in sorted(scored)])
         print(f"Validation curve {index}/{len(checkpoints)}: step {step}, BLEU "
               f"{result.bleu:.2f}, lower-cased {result.bleu_lowercase:.2f} "
               f"({len(sources)} sentences in {result.seconds:.0f} s)", flush=True)
+    rows = [scored[step] for step in sorted(scored)]
+    _write_curve(curve_path, rows)
+    print(f"Wrote {curve_path}")
+    return rows
+
+
+_CURVE_COLUMNS = ["step", "training_seconds", "bleu", "bleu_lowercase", "beam_size", "alpha",
+                  "sentences"]
+
+
+def _write_curve(curve_path, rows):
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=["step", "training_seconds", "bleu",
-                                              "bleu_lowercase"])
+    writer = csv.DictWriter(text, fieldnames=_CURVE_COLUMNS)
     writer.writeheader()
     writer.writerows(rows)
-    path = run_files.path(run_dir, run_files.VALIDATION_CURVE)
-    run_files.write_text(path, text.getvalue())
-    print(f"Wrote {path}")
-    return rows
+    run_files.write_text(curve_path, text.getvalue())
+
+
+def _read_curve(curve_path, search):
+    """The rows of a `validation_curve.csv` scored with `search` (beam size, α and
+    sentences), parsed; none for a missing file or one written without them."""
+    if not os.path.exists(curve_path):
+        return []
+    with open(curve_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    parsed = []
+    for row in rows:
+        if not all(row.get(key) for key in search):
+            continue
+        if (int(row["beam_size"]), float(row["alpha"]), int(row["sentences"])) != (
+                search["beam_size"], float(search["alpha"]), search["sentences"]):
+            continue
+        seconds = row.get("training_seconds")
+        parsed.append({"step": int(row["step"]),
+                       "training_seconds": float(seconds) if seconds else None,
+                       "bleu": float(row["bleu"]), "bleu_lowercase": float(row["bleu_lowercase"]),
+                       **search})
+    return parsed
 
 
 def training_seconds_by_step(log_path):

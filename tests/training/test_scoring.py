@@ -97,6 +97,45 @@ def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path)
     assert [float(row["bleu"]) for row in written] == [row["bleu"] for row in rows]
 
 
+@pytest.mark.backs("docs/training.md", "so a stopped curve resumes: the same command scores only")
+def test_a_stopped_validation_curve_keeps_its_rows_and_a_rerun_scores_only_the_rest(
+        tmp_path, monkeypatch):
+    tokenizer = CharTokenizer()
+    run_dir = str(tmp_path)
+    checkpoints = run_files.path(run_dir, run_files.CHECKPOINTS)
+    os.makedirs(checkpoints)
+    for step in (2, 4, 6):
+        run_files.save_model(tiny_model(tokenizer.vocab_size, seed=step, num_layers=1),
+                             os.path.join(checkpoints, f"step-{step:07d}.keras"))
+    corpus = ParallelCorpus(["abc", "bad"], ["cab", "dab"])
+    scored_steps, evaluate = [], scoring.evaluation.evaluate
+
+    def evaluate_twice(translator, *args, **kwargs):
+        if len(scored_steps) == 2:
+            raise KeyboardInterrupt  # the curve is stopped at its third checkpoint
+        scored_steps.append(translator)
+        return evaluate(translator, *args, **kwargs)
+
+    monkeypatch.setattr(scoring.evaluation, "evaluate", evaluate_twice)
+    with pytest.raises(KeyboardInterrupt):
+        scoring.validation_curve(run_dir, corpus, tokenizer, beam_size=1, alpha=0.0)
+    curve = tmp_path / "validation_curve.csv"
+    with open(curve) as f:
+        kept = list(csv.DictReader(f))
+    assert [(row["step"], row["beam_size"], row["alpha"], row["sentences"]) for row in kept] == [
+        ("2", "1", "0.0", "2"), ("4", "1", "0.0", "2")]
+    # A mark only a reused row can carry: the rerun must not score step 4 again.
+    curve.write_text(curve.read_text().replace(f"\n4,,{kept[1]['bleu']},", "\n4,,99.0,"))
+    monkeypatch.setattr(scoring.evaluation, "evaluate", evaluate)
+    rows = scoring.validation_curve(run_dir, corpus, tokenizer, beam_size=1, alpha=0.0)
+    assert [row["step"] for row in rows] == [2, 4, 6]
+    assert rows[1]["bleu"] == 99.0
+    # Another α is another curve: every checkpoint is scored again.
+    rows = scoring.validation_curve(run_dir, corpus, tokenizer, beam_size=1, alpha=0.5)
+    assert [row["step"] for row in rows] == [2, 4, 6]
+    assert rows[1]["bleu"] != 99.0 and {row["alpha"] for row in rows} == {0.5}
+
+
 def test_perplexity_of_uniform_predictions_is_the_vocabulary_size():
     tokenizer = CharTokenizer()
     model = tiny_model(tokenizer.vocab_size, num_layers=1, label_smoothing=0.1)

@@ -172,6 +172,25 @@ def test_validation_curve_and_alpha_tuning_use_the_validation_split(tmp_path, ca
     assert os.path.getsize(output) > 10_000
 
 
+@pytest.mark.backs("docs/training.md", "same command with a lower `--lr-scale` resumes from the")
+def test_a_run_stopped_by_a_nan_loss_resumes_with_a_lower_lr_scale(tmp_path):
+    from keras_transformer.training.fit import NonFiniteLossError
+
+    command = ["--run-dir", str(tmp_path / "run"), "--checkpoint-every", "3",
+               "--train-pairs", "200", "--test-pairs", "4", "--vocab-size", "320",
+               *TINY_MODEL, "--no-export"]
+    quickstart.main([*command, "--steps", "3"])
+    # Trained on with a rate that overflows the weights: the second window's loss is NaN.
+    with pytest.raises(NonFiniteLossError, match=r"The loss became (nan|inf) at step [456]"):
+        quickstart.main([*command, "--steps", "6", "--lr-scale", "1e30"])
+    assert [row["epoch"] for row in read_log(tmp_path / "run")] == ["0"]
+    results = quickstart.main([*command, "--steps", "6", "--lr-scale", "0.5"])
+    assert results["steps"] == 6 and math.isfinite(results["bleu"])
+    # The finite first window was kept; the second was trained again, at the lower rate.
+    assert [row["epoch"] for row in read_log(tmp_path / "run")] == ["0", "1"]
+    assert all(math.isfinite(float(row["loss"])) for row in read_log(tmp_path / "run"))
+
+
 @pytest.mark.parametrize("precision", ["mixed_bfloat16"])
 def test_quickstart_smoke_run_in_mixed_precision(tmp_path, precision):
     results = quickstart.main([

@@ -12,8 +12,8 @@ base model). `fit_steps` runs `model.fit` over a repeating dataset in windows of
   `keep_checkpoints` for checkpoint averaging (§6.1);
 - `WindowClock` times the window (its `seconds`, validation included, and its
   `compile_seconds`, the stalls of steps that compiled a new batch shape) and
-  `keras.callbacks.CSVLogger` and `keras.callbacks.TensorBoard` log it with the
-  losses, so `training_log.csv` says how long each window took.
+  `WindowLog` (a `keras.callbacks.CSVLogger`) and `keras.callbacks.TensorBoard` log
+  it with the losses, so `training_log.csv` says how long each window took.
 
 `SignalsBetweenSteps` (interruptions.py) holds a Ctrl-C or SIGTERM that comes
 during a step until the step ends (10 seconds at most), so that its exception
@@ -21,10 +21,11 @@ unwinds from Python code rather than from inside the engine's copy of the
 step's logs.
 
 `NonFiniteGuard` watches every step's loss. The first NaN or infinite loss
-stops training, and neither the checkpoint nor the backup of that window is
-written, so the run directory keeps its last finite state: `fit_steps` raises
-`NonFiniteLossError` naming the step, and the same command, with a lower
-learning rate for instance, resumes from that state.
+stops training, and neither the checkpoint, the backup nor the
+`training_log.csv` row of that window is written, so the run directory keeps
+its last finite state: `fit_steps` raises `NonFiniteLossError` naming the
+step, and the same command, with a lower learning rate for instance, resumes
+from that state.
 
 Its files go where `keras_transformer.run_files` names them (backup/,
 checkpoints/, logs/, training_log.csv). In a multi-process run every process runs
@@ -256,7 +257,7 @@ class RunBackup(keras.callbacks.Callback):
 
 class WindowClock(keras.callbacks.Callback):
     """Adds the optimizer `step` at the window's end and wall-clock figures
-    to every window's logs (before `CSVLogger` writes them):
+    to every window's logs (before `WindowLog` writes them):
 
     - `seconds`: the window, from its first step to the end of its
       validation pass;
@@ -315,6 +316,21 @@ def stall_seconds(durations, slow_factor=3.0):
         return 0.0
     median = float(np.median(durations))
     return float(sum(d - median for d in durations if d > slow_factor * median))
+
+
+class WindowLog(keras.callbacks.CSVLogger):
+    """`keras.callbacks.CSVLogger` appending one row per window to
+    `training_log.csv`, but for a window that the `NonFiniteGuard` stopped: like
+    its checkpoint and backup, that window is trained again on resuming, and its
+    row would stand twice in the log."""
+
+    def __init__(self, filename, guard):
+        super().__init__(filename, append=True)
+        self.guard = guard
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.guard.tripped:
+            super().on_epoch_end(epoch, logs)
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -399,8 +415,7 @@ def fit_steps(
         StepCheckpoint(run_files.path(save_dir, run_files.CHECKPOINTS), keep=keep_checkpoints,
                        guard=guard),
         WindowClock(),
-        keras.callbacks.CSVLogger(run_files.path(save_dir, run_files.TRAINING_LOG),
-                                  append=True),
+        WindowLog(run_files.path(save_dir, run_files.TRAINING_LOG), guard=guard),
         keras.callbacks.TensorBoard(run_files.path(save_dir, run_files.LOGS),
                                     update_freq="epoch"),
         *extra_callbacks,

@@ -2,6 +2,7 @@
 and the time budget of the Table 3 script (fit_steps itself also runs in every
 recipe smoke test)."""
 
+import csv
 import json
 import os
 import signal
@@ -55,6 +56,11 @@ def checkpoint_steps(directory):
 
 
 @pytest.mark.backs("docs/training.md", "status 1). Nothing of that window is saved")
+def logged_windows(run_dir):
+    with open(run_files.path(run_dir, run_files.TRAINING_LOG)) as f:
+        return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
 def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite_state(
         tmp_path):
     checkpoints = run_files.path(tmp_path, run_files.CHECKPOINTS)
@@ -69,6 +75,7 @@ def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite
         fit_steps(exploding, reverse_dataset(), tmp_path, 8, checkpoint_every=2, verbose=0)
     assert not weights_are_finite(exploding)
     assert checkpoint_steps(checkpoints) == [2, 4]  # nothing written for the bad window
+    assert logged_windows(tmp_path) == [0, 1]
     with open(state_path) as f:
         assert json.load(f)["step"] == 4
     for path in list_checkpoints(checkpoints):
@@ -81,6 +88,7 @@ def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite
     assert np.all(np.isfinite(history.history["loss"]))
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 8
     assert checkpoint_steps(checkpoints) == [2, 4, 6, 8]
+    assert logged_windows(tmp_path) == [0, 1, 2, 3]  # window 2 once, as trained again
 
 
 @file_handling

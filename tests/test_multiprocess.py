@@ -206,3 +206,34 @@ def test_a_killed_process_stops_the_other_and_the_same_commands_resume(tmp_path,
     assert status == 0 and other_status == 0, (output[-3000:], other_output[-3000:])
     assert f"Trained to step 24 ({24 - backed_up} steps in this run)" in output
     assert run_files.read_json(run_files.path(run_dir, run_files.RESULTS))["steps"] == 24
+
+
+ALONE = r"""
+import sys
+from keras_transformer.training import distribution
+distribution.JOIN_TIMEOUT = 5  # the 5 minutes of the page, shortened
+from keras_transformer.cli import errors
+from recipes import quickstart
+errors.guarded(quickstart.main)
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="TensorFlow's workers wait for each other")
+@pytest.mark.backs("docs/distributed.md", "whose cluster has not formed after 5 minutes stops")
+@pytest.mark.parametrize("process_id", ["0", "1"])
+def test_a_process_whose_cluster_never_forms_stops_with_one_line(tmp_path, process_id):
+    environment = dict(cluster_environments()[0], KERAS_DISTRIBUTION_PROCESS_ID=process_id)
+    began = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, "-c", ALONE, "--distribute", "data", "--steps", "2", "--run-dir",
+         str(tmp_path / "run"), "--train-pairs", "50", "--test-pairs", "4", "--no-export"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3", **environment))
+    # Ours, not JAX's deadline (a minute later: a C++ stack trace and SIGABRT).
+    assert process.returncode == 1, process.stderr[-3000:]
+    assert time.monotonic() - began < 60
+    lines = process.stderr.strip().splitlines()
+    address = environment["KERAS_DISTRIBUTION_JOB_ADDRESSES"]
+    assert lines[-1].startswith("error: The JAX cluster did not form within 5 s: this is "
+                                f"process {process_id} of 2"), process.stderr[-3000:]
+    assert address in lines[-1] and "Traceback" not in process.stderr

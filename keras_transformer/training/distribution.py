@@ -45,6 +45,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 
 import keras
 
@@ -56,10 +57,13 @@ JAX_VARIABLES = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PRO
                  "KERAS_DISTRIBUTION_PROCESS_ID")
 # Seconds of silence after which JAX's coordinator ends a cluster (JAX's default: 100).
 PEER_TIMEOUT = 60
+# Seconds the processes of a JAX cluster wait for each other at start-up.
+JOIN_TIMEOUT = 300
 
 
 class PeerLostError(ConnectionError):
-    """Another process of the cluster stopped: training cannot go on without it."""
+    """Another process of the cluster stopped, or never joined: training cannot go on
+    without it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,10 +340,7 @@ def _setup_cluster(cluster, kind, backend, devices, peer_timeout):
         import jax
         from keras import distribution
 
-        # keras.distribution.initialize reads the same variables, but leaves JAX's
-        # heartbeat timeout at 100 s.
-        jax.distributed.initialize(cluster.coordinator, cluster.process_count,
-                                   cluster.process_id, heartbeat_timeout_seconds=peer_timeout)
+        _join_jax_cluster(cluster, role, peer_timeout)
         devices = distribution.list_devices()
         if jax.local_device_count() * cluster.process_count != len(devices):
             raise ValueError("Every process of a JAX cluster must have as many devices.")
@@ -354,6 +355,51 @@ def _setup_cluster(cluster, kind, backend, devices, peer_timeout):
                        f"{strategy.num_replicas_in_sync} replicas of {cluster.process_count} "
                        f"workers; this is {role}", batch_multiple=strategy.num_replicas_in_sync,
                        strategy=strategy, cluster=cluster)
+
+
+def _join_jax_cluster(cluster, role, peer_timeout):
+    """Starts JAX's distributed runtime (`jax.distributed.initialize`), waiting at
+    most `JOIN_TIMEOUT` seconds for every process to join.
+
+    `keras.distribution.initialize` reads the same variables, but leaves JAX's
+    heartbeat timeout at 100 s; and at JAX's own start-up deadline a process that
+    is still waiting ends with a C++ stack trace (a fatal error, no exception). So
+    the call runs in a thread with a deadline past ours, and when ours passes first,
+    this stops the runtime (`jax.distributed.shutdown`) and raises `PeerLostError`
+    saying what to check; the thread, still waiting in JAX, ends with the process.
+
+    Raises:
+        PeerLostError: The cluster did not form within `JOIN_TIMEOUT` seconds.
+    """
+    import jax
+
+    joined, failures = threading.Event(), []
+
+    def join():
+        try:
+            jax.distributed.initialize(
+                cluster.coordinator, cluster.process_count, cluster.process_id,
+                initialization_timeout=JOIN_TIMEOUT + 60, heartbeat_timeout_seconds=peer_timeout)
+        except Exception as error:  # raised again in the calling thread
+            failures.append(error)
+        finally:
+            joined.set()
+
+    threading.Thread(target=join, name="jax-cluster-join", daemon=True).start()
+    if not joined.wait(JOIN_TIMEOUT):
+        # Process 0's coordination service stops now (its logs come before the error),
+        # not while the interpreter exits.
+        jax.distributed.shutdown()
+        raise PeerLostError(
+            f"The JAX cluster did not form within {JOIN_TIMEOUT} s: this is {role}, and "
+            f"some of the {cluster.process_count} processes never joined the coordinator at "
+            f"{cluster.coordinator}. Start every process within {JOIN_TIMEOUT} s of the "
+            "first, each with the same KERAS_DISTRIBUTION_JOB_ADDRESSES and "
+            "KERAS_DISTRIBUTION_NUM_PROCESSES and its own KERAS_DISTRIBUTION_PROCESS_ID, "
+            "and check that every host can reach that address."
+        )
+    if failures:
+        raise failures[0]
 
 
 def _multi_worker_strategy():

@@ -26,6 +26,8 @@ engines' own conventions, read from the environment (`cluster_from_environment`)
   every global batch (the pipeline asks for `AutoShardPolicy.DATA`).
 
 Process 0 is the chief: it alone writes the run directory (`Distributed.writes_to`).
+The processes of a JAX cluster wait `JOIN_TIMEOUT` seconds for each other at start-up,
+then stop with a `PeerLostError`.
 A process that dies stops the others: JAX's coordinator ends them once it has missed
 the dead process's heartbeats for `peer_timeout` seconds; TensorFlow's coordination
 service does the same after its own heartbeat timeout (10 s), and `lost_peers` turns

@@ -115,6 +115,9 @@ def validation_curve(run_dir, corpus, source_tokenizer, target_tokenizer=None, *
     time up to it (`training_seconds_by_step`), cased and lower-cased BLEU, and the
     search that scored it (beam size, α, sentences).
 
+    The checkpoints' weights are loaded in turn into the first one's model, so the
+    search is compiled once for the whole curve, not once per checkpoint.
+
     The file is rewritten after every checkpoint, so a curve that is stopped keeps
     what it scored: a second call reuses the rows of checkpoints that are still there
     and were scored with the same beam size, α and sentences, and scores the rest.
@@ -132,11 +135,16 @@ def validation_curve(run_dir, corpus, source_tokenizer, target_tokenizer=None, *
     if scored:
         print(f"Validation curve: {len(scored)} of {len(checkpoints)} checkpoints already "
               f"scored in {curve_path}, with the same search; scoring the rest", flush=True)
+    translator = None
     for index, (step, path) in enumerate(zip(steps, checkpoints), 1):
         if step in scored:
             continue
-        translator = Translator(run_files.load_model(path), source_tokenizer,
-                                target_tokenizer=target_tokenizer)
+        checkpoint = run_files.load_model(path)
+        if translator is None:
+            translator = Translator(checkpoint, source_tokenizer,
+                                    target_tokenizer=target_tokenizer)
+        else:  # one model for every checkpoint: its compiled searches serve them all
+            translator.model.set_weights(checkpoint.get_weights())
         result = evaluation.evaluate(translator, sources, references, beam_size=beam_size,
                                      alpha=alpha, verbose=0)
         scored[step] = {"step": step, "training_seconds": elapsed.get(step),

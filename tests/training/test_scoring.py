@@ -11,8 +11,9 @@ from helpers import CharTokenizer, tiny_model
 from keras_transformer import run_files
 from keras_transformer.data.corpora import ParallelCorpus
 from keras_transformer.data.pipeline import make_dataset
-from keras_transformer.inference import Hypothesis, Translation
+from keras_transformer.inference import Hypothesis, Translation, Translator
 from keras_transformer.training import scoring
+from keras_transformer.training.fit import list_checkpoints
 
 # What is tested here does not depend on the backend: it runs in one pass.
 pytestmark = pytest.mark.once("torch")
@@ -78,7 +79,7 @@ def test_training_seconds_add_up_the_windows_by_step(tmp_path):
     assert scoring.training_seconds_by_step(str(tmp_path / "missing.csv")) == {}
 
 
-def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path):
+def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path, monkeypatch):
     tokenizer = CharTokenizer()
     run_dir = str(tmp_path)
     checkpoints = run_files.path(run_dir, run_files.CHECKPOINTS)
@@ -89,8 +90,20 @@ def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path)
     (tmp_path / "training_log.csv").write_text(
         "epoch,step,seconds\n0,2,1.5\n1,4,2.0\n")
     corpus = ParallelCorpus(["abc", "bad"], ["cab", "dab"])
+    translated, evaluate = [], scoring.evaluation.evaluate
+
+    def evaluate_and_keep_the_texts(translator, sources, *args, **kwargs):
+        translated.append([t.text for t in translator.translate(sources, beam_size=1)])
+        return evaluate(translator, sources, *args, **kwargs)
+
+    monkeypatch.setattr(scoring.evaluation, "evaluate", evaluate_and_keep_the_texts)
     rows = scoring.validation_curve(run_dir, corpus, tokenizer, beam_size=1, alpha=0.0)
     assert [(row["step"], row["training_seconds"]) for row in rows] == [(2, 1.5), (4, 3.5)]
+    # Each checkpoint translates with its own weights (they are loaded into one model).
+    assert translated == [
+        [t.text for t in Translator(run_files.load_model(path), tokenizer).translate(
+            ["abc", "bad"], beam_size=1)] for path in list_checkpoints(checkpoints)]
+    assert translated[0] != translated[1]
     with open(tmp_path / "validation_curve.csv") as f:
         written = list(csv.DictReader(f))
     assert [int(row["step"]) for row in written] == [2, 4]

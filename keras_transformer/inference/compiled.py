@@ -209,10 +209,17 @@ class _TracedLoops:
         if traced is not None:
             return traced
 
+        # What the function reads, let go of once it is traced: the trace keeps
+        # `flat_function`, and through `function`'s closure it would keep the model,
+        # the key of the cache that holds the trace (`search._COMPILED`), alive.
+        held = [function, state]
+        count = len(fixed)
+
         def flat_function(*inputs):
             # The first inputs are the fixed tensors: the function reads those
             # same tensor objects, which the tracer maps to these inputs.
-            loop_vars = keras.tree.pack_sequence_as(state, list(inputs[len(fixed):]))
+            function, state = held
+            loop_vars = keras.tree.pack_sequence_as(state, list(inputs[count:]))
             return tuple(keras.tree.flatten(function(*loop_vars)))
 
         try:
@@ -227,6 +234,7 @@ class _TracedLoops:
                 _TRACE_FAILURES.append(repr(error))
             # Not kept: it reads this call's closure.
             return flat_function
+        held.clear()
         self.traces.put(key, traced)
         return traced
 

@@ -47,6 +47,10 @@ def markers():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for decorator in node.decorator_list:
                     claim = _marker(decorator)
+                    if claim is not None and not node.name.startswith("test_"):
+                        # pytest ignores a marker on a helper: the statement would be unbacked.
+                        raise ValueError(f"{name}:{decorator.lineno}: a backs marker on "
+                                         f"{node.name}, which is not a test")
                     if claim is not None:
                         found.append((*claim, name, node.name))
     return found

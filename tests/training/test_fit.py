@@ -55,12 +55,12 @@ def checkpoint_steps(directory):
     return [int(os.path.basename(p)[5:12]) for p in list_checkpoints(directory)]
 
 
-@pytest.mark.backs("docs/training.md", "status 1). Nothing of that window is saved")
 def logged_windows(run_dir):
     with open(run_files.path(run_dir, run_files.TRAINING_LOG)) as f:
         return [int(row["epoch"]) for row in csv.DictReader(f)]
 
 
+@pytest.mark.backs("docs/training.md", "status 1). Nothing of that window is saved")
 def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite_state(
         tmp_path):
     checkpoints = run_files.path(tmp_path, run_files.CHECKPOINTS)

@@ -121,12 +121,12 @@ def test_a_stopped_validation_curve_keeps_its_rows_and_a_rerun_scores_only_the_r
         run_files.save_model(tiny_model(tokenizer.vocab_size, seed=step, num_layers=1),
                              os.path.join(checkpoints, f"step-{step:07d}.keras"))
     corpus = ParallelCorpus(["abc", "bad"], ["cab", "dab"])
-    scored_steps, evaluate = [], scoring.evaluation.evaluate
+    calls, evaluate = [], scoring.evaluation.evaluate
 
     def evaluate_twice(translator, *args, **kwargs):
-        if len(scored_steps) == 2:
+        if len(calls) == 2:
             raise KeyboardInterrupt  # the curve is stopped at its third checkpoint
-        scored_steps.append(translator)
+        calls.append(translator)
         return evaluate(translator, *args, **kwargs)
 
     monkeypatch.setattr(scoring.evaluation, "evaluate", evaluate_twice)

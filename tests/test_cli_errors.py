@@ -216,6 +216,33 @@ def test_interrupts_and_missing_packages_are_one_line(raised, status, message, c
     assert capsys.readouterr().err.strip() == message
 
 
+@pytest.mark.parametrize("interruption, status", [(KeyboardInterrupt, 130),
+                                                  (errors.Terminated, 143)])
+def test_an_error_raised_while_a_signal_unwinds_ends_as_the_signal(interruption, status,
+                                                                   capsys):
+    """A Ctrl-C inside TensorFlow's tracing of an export: the graph stack's cleanup
+    asserted "Concurrent access?" in its place, and the command ended with status 1
+    and a traceback."""
+    class GraphStack:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            raise AssertionError("Concurrent access?")
+
+    def main():
+        try:
+            with GraphStack():
+                raise interruption()
+        except AssertionError as error:  # a library wrapping it once more
+            raise RuntimeError("tracing failed") from error
+
+    with pytest.raises(SystemExit) as exit_info:
+        errors.guarded(main)
+    assert exit_info.value.code == status
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_an_import_error_inside_the_package_keeps_its_traceback():
     def main():
         raise ImportError("cannot import name 'x'", name="keras_transformer.model")

@@ -7,7 +7,8 @@ traceback from deep inside Keras; the line names the command's flags
 (`--tokens-per-batch`), not the library's Python names. Ctrl-C (SIGINT) ends a command
 quietly with status 130, SIGTERM with status 143, and a closed stdout (`| head`) with
 status 1, as Unix tools do; files being written are removed, never left half-written.
-Anything else is a bug and keeps its traceback.
+An error that a library raises while the signal's exception unwinds (its
+cleanup cut short) ends as the signal would. Anything else is a bug and keeps its traceback.
 
 `command_line()` is the context both kinds of command line run in, from their first
 line: the native logs quieted, SIGTERM turned into a clean exit, these errors, and
@@ -97,7 +98,8 @@ def user_errors(flags=None):
     those of the parser given to `name_options_of`) names the command's options in
     the line (`flag_names`)."""
     try:
-        yield
+        with _signal_first():
+            yield
     except BrokenPipeError:
         _discard_stdout()
         sys.exit(1)
@@ -125,6 +127,33 @@ def user_errors(flags=None):
         if not _out_of_memory(error):
             raise
         fail(_OUT_OF_MEMORY.format(_first_line(error)), status=1)
+
+
+@contextlib.contextmanager
+def _signal_first():
+    """Runs the block; an error raised while a signal's exception unwound (a library's
+    cleanup that failed because the interruption cut its work short: TensorFlow's graph
+    stack asserts "Concurrent access?" when a Ctrl-C lands inside a trace) is replaced
+    by that signal's exception again. The signal is what ended the command."""
+    try:
+        yield
+    except Exception as error:
+        interruption = _interruption_behind(error)
+        if interruption is None:
+            raise
+        raise interruption from None
+
+
+def _interruption_behind(error):
+    """The KeyboardInterrupt or `Terminated` that `error` was raised while handling,
+    however far back in its chain of causes and contexts; None if there is none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (KeyboardInterrupt, Terminated)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 _OUT_OF_MEMORY = ("out of memory ({}): ask for less at once, e.g. a smaller --beam-size or "

@@ -14,6 +14,8 @@ depends on the backend beyond that lives here:
   resumed or repeated run does not compile its train step again;
 * `global_sum`: a sum over the replicas of a `tf.distribute` strategy (§5.2),
   for the loss's token count;
+* `dense_gradient`: a TensorFlow embedding's sparse gradient summed per row, for
+  `keras_transformer.training.schedule.DenseGradientAdam` (§5.3);
 * `call_part`: how a layer calls the layers it is made of (`Dense`,
   `LayerNormalization`, its blocks, ...), which under PyTorch skips Keras's
   `__call__` where that changes nothing;
@@ -148,6 +150,28 @@ def global_sum(value):
     if context is None or context.num_replicas_in_sync == 1:
         return value
     return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def dense_gradient(gradient):
+    """`gradient` as a dense tensor: under TensorFlow, a `tf.IndexedSlices` (the
+    gradient of an embedding lookup, or of a tied embedding's lookup and projection
+    together) is summed into one row per index; anything else is returned as it is.
+
+    Keras's TensorFlow optimizers apply their element-wise ops to an IndexedSlices
+    slice by slice, duplicate indices included, so that Adam's second moment of a
+    token seen k times in a batch gains the sum of its k gradients' squares instead
+    of the square of their sum (JAX and PyTorch give dense gradients: there is
+    nothing to do).
+    """
+    import keras
+
+    if gradient is None or keras.backend.backend() != "tensorflow":
+        return gradient
+    import tensorflow as tf
+
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.convert_to_tensor(gradient)
+    return gradient
 
 
 def call_part(layer, inputs, *args, **kwargs):

@@ -6,6 +6,7 @@ import pytest
 from keras import ops
 
 from keras_transformer import NoamSchedule, paper_adam
+from keras_transformer.training.schedule import DenseGradientAdam
 
 
 def paper_rate(step_num, d_model=512, warmup=4000):
@@ -57,7 +58,27 @@ def test_paper_adam_hyperparameters():
     assert isinstance(optimizer._learning_rate, NoamSchedule)
     assert optimizer.clipnorm == 1.0
     revived = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert isinstance(revived, DenseGradientAdam)
     assert isinstance(revived._learning_rate, NoamSchedule)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.backs("docs/results.md", "squared an embedding's sparse gradient slice by slice")
+def test_adams_moments_of_a_repeated_token_are_those_of_its_summed_gradient(jit_compile):
+    """Token 1 three times in the batch: its row's gradient is 3 in each component,
+    so one step gives m = 0.1 · 3 and v = 0.02 · 3². Keras's own Adam under
+    TensorFlow gave v = 0.02 · (1 + 1 + 1), squaring the sparse gradient's three
+    slices one by one."""
+    model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(5, 2),
+                              keras.layers.Lambda(lambda x: ops.sum(x, axis=(1, 2)))])
+    model.compile(optimizer=paper_adam(d_model=2, warmup_steps=10),
+                  loss=lambda _, predicted: ops.mean(predicted), jit_compile=jit_compile)
+    model.train_on_batch(np.array([[1, 1, 1, 3]]), np.zeros((1,)))
+    m, v = (ops.convert_to_numpy(moments[0]) for moments in (
+        model.optimizer._momentums, model.optimizer._velocities))
+    np.testing.assert_allclose(m[[1, 3]], [[0.3, 0.3], [0.1, 0.1]], rtol=1e-5)
+    np.testing.assert_allclose(v[[1, 3]], [[0.18, 0.18], [0.02, 0.02]], rtol=1e-5)
+    np.testing.assert_array_equal(v[[0, 2, 4]], 0.0)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -64,6 +64,7 @@ def test_paper_adam_hyperparameters():
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.backs("docs/results.md", "squared an embedding's sparse gradient slice by slice")
+@pytest.mark.backs("docs/library.md", "Adam squares an embedding's sparse gradient slice by slice")
 def test_adams_moments_of_a_repeated_token_are_those_of_its_summed_gradient(jit_compile):
     """Token 1 three times in the batch: its row's gradient is 3 in each component,
     so one step gives m = 0.1 · 3 and v = 0.02 · 3². Keras's own Adam under

@@ -14,7 +14,7 @@ depends on the backend beyond that lives here:
   resumed or repeated run does not compile its train step again;
 * `global_sum`: a sum over the replicas of a `tf.distribute` strategy (§5.2),
   for the loss's token count;
-* `dense_gradient`: a TensorFlow embedding's sparse gradient summed per row, for
+* `dense_gradients`: a TensorFlow embedding's sparse gradient summed per row, for
   `keras_transformer.training.schedule.DenseGradientAdam` (§5.3);
 * `call_part`: how a layer calls the layers it is made of (`Dense`,
   `LayerNormalization`, its blocks, ...), which under PyTorch skips Keras's
@@ -152,10 +152,12 @@ def global_sum(value):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
-def dense_gradient(gradient):
-    """`gradient` as a dense tensor: under TensorFlow, a `tf.IndexedSlices` (the
-    gradient of an embedding lookup, or of a tied embedding's lookup and projection
-    together) is summed into one row per index; anything else is returned as it is.
+def dense_gradients(gradients):
+    """`gradients` (a list, None for a variable without one) as dense tensors: under
+    TensorFlow, each `tf.IndexedSlices` (the gradient of an embedding lookup, or of a
+    tied embedding's lookup and projection together) is summed into one row per index;
+    under the other backends the list is returned as it is, at the cost of one check a
+    step.
 
     Keras's TensorFlow optimizers apply their element-wise ops to an IndexedSlices
     slice by slice, duplicate indices included, so that Adam's second moment of a
@@ -165,13 +167,12 @@ def dense_gradient(gradient):
     """
     import keras
 
-    if gradient is None or keras.backend.backend() != "tensorflow":
-        return gradient
+    if keras.backend.backend() != "tensorflow":
+        return gradients
     import tensorflow as tf
 
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.convert_to_tensor(gradient)
-    return gradient
+    return [tf.convert_to_tensor(gradient) if isinstance(gradient, tf.IndexedSlices)
+            else gradient for gradient in gradients]
 
 
 def call_part(layer, inputs, *args, **kwargs):

@@ -19,7 +19,7 @@ import numbers
 import keras
 from keras import ops
 
-from keras_transformer.backend import dense_gradient
+from keras_transformer.backend import dense_gradients
 from keras_transformer.validation import check_positive_int
 
 
@@ -125,10 +125,9 @@ class DenseGradientAdam(keras.optimizers.Adam):
     do. Its embedding rows then took other steps than under the other backends,
     and the Multi30k recipe trained slower under TensorFlow around the peak of the
     rate (docs/results.md). Each gradient is made dense first
-    (`keras_transformer.backend.dense_gradient`); Adam's updates of m and v are
+    (`keras_transformer.backend.dense_gradients`); Adam's updates of m and v are
     dense already, so this costs no more than the sum of the slices.
     """
 
     def apply(self, grads, trainable_variables=None):
-        return super().apply([dense_gradient(gradient) for gradient in grads],
-                             trainable_variables)
+        return super().apply(dense_gradients(list(grads)), trainable_variables)

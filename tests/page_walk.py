@@ -73,10 +73,10 @@ class Substitution:
 # Sizes for the quickstart that keep its products real (a model, a tokenizer, exports)
 # while it trains for seconds.
 _QUICKSTART = "--steps 40 --checkpoint-every 20 --train-pairs 2000 --test-pairs 20"
-# A Multi30k run of seconds on the first 1,000 training pairs (the 161 of them of at most
-# 16 subwords a side), scored on 10 sentences. One bucket 16 wide gives one batch shape: each
-# shape is a compilation of the train step (TensorFlow's XLA: 136 s for such a run with the
-# recipe's 3 shapes, 93 s with 1, beside other work).
+# A recipe run of seconds (Multi30k's, and Anki's) on the first 1,000 training pairs (of
+# Multi30k's, the 161 of at most 16 subwords a side), scored on 10 sentences. One bucket 16
+# wide gives one batch shape: each shape is a compilation of the train step (TensorFlow's
+# XLA: 136 s for a Multi30k run of these sizes with 3 shapes, 93 s with 1, beside other work).
 _MULTI30K = ("--steps 20 --checkpoint-every 10 --train-limit 1000 --max-sentence-length 16 "
              "--bucket-width 16 --vocab-size 600 --eval-limit 10")
 
@@ -100,9 +100,7 @@ SUBSTITUTIONS = {
         Substitution("--beam-size 4 --alpha 0.6", "--beam-size 4 --alpha 0.6 --limit 10",
                      "sizes: 10 sentences"),
         Substitution("--steps-per-window 200", "--steps-per-window 10", "steps"),
-        Substitution("--steps 1100 --checkpoint-every 220",
-                     "--steps 20 --checkpoint-every 10 --train-limit 1000 --max-sentence-length 16 "
-                     "--bucket-width 16 --vocab-size 600 --eval-limit 10", "steps and sizes"),
+        Substitution("--steps 1100 --checkpoint-every 220", _MULTI30K, "steps and sizes"),
         Substitution("--minutes 5 --eval-limit 400",
                      "--minutes 5 --max-steps 4 --eval-limit 4 --variants base,heads1 "
                      "--train-limit 1000 --max-sentence-length 16 --vocab-size 600",

@@ -278,7 +278,7 @@ def test_options_may_come_anywhere_among_the_sentences(command_line):
 
 
 @pytest.mark.backs("docs/translation.md",
-                   "a wrong option prints the command's usage and one `error:` line")
+                   "a wrong option, or a path that cannot be right (a missing model or file)")
 def test_a_translate_mistake_shows_translates_usage(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["translate", "run", "--n-best", "5", "kave", "--bogus"])
@@ -343,6 +343,8 @@ def test_plot_commands_write_pngs(run_dir, tmp_path):
 
 
 @pytest.mark.backs("README.md", "a mistake is one `error:` line with exit status 2")
+@pytest.mark.backs("docs/translation.md",
+                   "a wrong option, or a path that cannot be right (a missing model or file)")
 def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["translate", str(tmp_path / "missing.keras"), "hello"])

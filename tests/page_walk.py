@@ -14,7 +14,8 @@ run: step counts and sizes (minutes of training become seconds), ports (a free o
 the page's text, so a table cannot outlive its page. Downloads go to a loopback mirror of
 ../shared/data (`KERAS_TRANSFORMER_DATA_MIRROR`): the recipes run their own download code.
 The walk's HOME is a fresh folder (no keras.json: Keras's default backend, TensorFlow; an
-empty ~/.keras/datasets), and KERAS_BACKEND is unset unless a command sets it.
+empty ~/.keras/datasets), and KERAS_BACKEND is unset unless a command sets it; inside the
+suite it keeps the worker's share of the cores (OMP_NUM_THREADS, see `environment`).
 
 A block that cannot run here (a GPU, docker, TensorFlow Serving, several hosts, the real
 WMT14, hours of measurement) is marked in the page itself, on the line above its fence:
@@ -74,11 +75,14 @@ class Substitution:
 # while it trains for seconds.
 _QUICKSTART = "--steps 40 --checkpoint-every 20 --train-pairs 2000 --test-pairs 20"
 # A recipe run of seconds (Multi30k's, and Anki's) on the first 1,000 training pairs (of
-# Multi30k's, the 161 of at most 16 subwords a side), scored on 10 sentences. One bucket 16
-# wide gives one batch shape: each shape is a compilation of the train step (TensorFlow's
-# XLA: 136 s for a Multi30k run of these sizes with 3 shapes, 93 s with 1, beside other work).
+# Multi30k's, the 161 of at most 16 subwords a side), scored on 10 sentences, with a model of
+# one layer 32 wide. One bucket 16 wide gives one batch shape: each shape is a compilation of
+# the train step (TensorFlow's XLA: 136 s for a Multi30k run of these sizes with 3 shapes and
+# the recipe's 4 layers 128 wide, 93 s with 1 shape; 31 s with 1 shape and this model, on a
+# 2-core AMD EPYC).
 _MULTI30K = ("--steps 20 --checkpoint-every 10 --train-limit 1000 --max-sentence-length 16 "
-             "--bucket-width 16 --vocab-size 600 --eval-limit 10")
+             "--bucket-width 16 --vocab-size 600 --eval-limit 10 "
+             "--num-layers 1 --d-model 32 --num-heads 2 --d-ff 64")
 
 SUBSTITUTIONS = {
     "README.md": (
@@ -93,8 +97,9 @@ SUBSTITUTIONS = {
                      "steps and sizes (the README's run is finished: nothing is left to do)"),
     ),
     "docs/results.md": (
-        Substitution("python -m recipes.multi30k", f"python -m recipes.multi30k {_MULTI30K}",
-                     "steps and sizes"),
+        Substitution("python -m recipes.multi30k",
+                     f"python -m recipes.multi30k {_MULTI30K} --tune-alpha 1.0",
+                     "steps and sizes: one α tried on validation, not four"),
         Substitution("--steps 5000 --cooldown-steps 2000", "--steps 20 --cooldown-steps 8",
                      "steps"),
         Substitution("--beam-size 4 --alpha 0.6", "--beam-size 4 --alpha 0.6 --limit 10",
@@ -128,8 +133,9 @@ SUBSTITUTIONS = {
     ),
     "docs/distributed.md": (
         Substitution("--train-limit 2000",
-                     "--train-limit 1000 --max-sentence-length 16 --bucket-width 16",
-                     "sizes: 1 batch shape instead of 15"),
+                     "--train-limit 1000 --max-sentence-length 16 --bucket-width 16 "
+                     "--num-layers 1 --d-model 32 --num-heads 2 --d-ff 64",
+                     "sizes: 1 batch shape instead of 15, a model of one layer 32 wide"),
         Substitution("127.0.0.1:1234", "127.0.0.1:$PORT", "a free port"),
         Substitution("""WORKERS='["127.0.0.1:2222", "127.0.0.1:2223"]'""",
                      'WORKERS="[\\"127.0.0.1:$PORT_2\\", \\"127.0.0.1:$PORT_3\\"]"',
@@ -261,12 +267,13 @@ def free_port():
 
 def environment(home, mirror=None):
     """The walk's environment: a fresh HOME, no KERAS_BACKEND, the mirror and free ports.
-    The tests' own settings stay out: XLA_FLAGS (tests/conftest.py turns XLA's LLVM
-    optimizations off, which makes a recipe's steps ten times slower) and the threads
-    per pytest worker."""
+    XLA_FLAGS stays out (tests/conftest.py turns XLA's LLVM optimizations off, which makes
+    a recipe's steps ten times slower). OMP_NUM_THREADS stays, when set: inside the suite
+    it is the pytest worker's share of the cores, and the walk shares the machine with the
+    other worker. Without it, torch's two threads wait for a taken core: a Multi30k run of
+    the walk's sizes under torch took 1209 s beside a busy process, 320 s under JAX."""
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("KERAS_", "PYTEST_"))
-           and name not in ("OMP_NUM_THREADS", "XLA_FLAGS")}
+           if not name.startswith(("KERAS_", "PYTEST_")) and name != "XLA_FLAGS"}
     env.update(HOME=home, PORT=str(free_port()), PORT_2=str(free_port()),
                PORT_3=str(free_port()))
     if mirror is not None:

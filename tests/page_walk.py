@@ -15,7 +15,7 @@ the page's text, so a table cannot outlive its page. Downloads go to a loopback 
 ../shared/data (`KERAS_TRANSFORMER_DATA_MIRROR`): the recipes run their own download code.
 The walk's HOME is a fresh folder (no keras.json: Keras's default backend, TensorFlow; an
 empty ~/.keras/datasets), and KERAS_BACKEND is unset unless a command sets it; inside the
-suite it keeps the worker's share of the cores (OMP_NUM_THREADS, see `environment`).
+suite the walk keeps the worker's share of the cores (OMP_NUM_THREADS, see `environment`).
 
 A block that cannot run here (a GPU, docker, TensorFlow Serving, several hosts, the real
 WMT14, hours of measurement) is marked in the page itself, on the line above its fence:
@@ -80,9 +80,9 @@ _QUICKSTART = "--steps 40 --checkpoint-every 20 --train-pairs 2000 --test-pairs 
 # the train step (TensorFlow's XLA: 136 s for a Multi30k run of these sizes with 3 shapes and
 # the recipe's 4 layers 128 wide, 93 s with 1 shape; 31 s with 1 shape and this model, on a
 # 2-core AMD EPYC).
+_ONE_LAYER = "--num-layers 1 --d-model 32 --num-heads 2 --d-ff 64"
 _MULTI30K = ("--steps 20 --checkpoint-every 10 --train-limit 1000 --max-sentence-length 16 "
-             "--bucket-width 16 --vocab-size 600 --eval-limit 10 "
-             "--num-layers 1 --d-model 32 --num-heads 2 --d-ff 64")
+             f"--bucket-width 16 --vocab-size 600 --eval-limit 10 {_ONE_LAYER}")
 
 SUBSTITUTIONS = {
     "README.md": (
@@ -133,8 +133,7 @@ SUBSTITUTIONS = {
     ),
     "docs/distributed.md": (
         Substitution("--train-limit 2000",
-                     "--train-limit 1000 --max-sentence-length 16 --bucket-width 16 "
-                     "--num-layers 1 --d-model 32 --num-heads 2 --d-ff 64",
+                     f"--train-limit 1000 --max-sentence-length 16 --bucket-width 16 {_ONE_LAYER}",
                      "sizes: 1 batch shape instead of 15, a model of one layer 32 wide"),
         Substitution("127.0.0.1:1234", "127.0.0.1:$PORT", "a free port"),
         Substitution("""WORKERS='["127.0.0.1:2222", "127.0.0.1:2223"]'""",

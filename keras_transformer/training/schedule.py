@@ -103,9 +103,17 @@ def paper_adam(d_model, warmup_steps=4000, scale=1.0, total_steps=None, cooldown
         **kwargs: More `keras.optimizers.Adam` arguments (e.g. `clipnorm`).
 
     Returns:
-        A `DenseGradientAdam`.
+        Under TensorFlow a `DenseGradientAdam`, whose gradients are dense before
+        its update. Under JAX and PyTorch, whose gradients are dense already,
+        Keras's own `keras.optimizers.Adam`: Keras runs that class under PyTorch
+        as its multi-tensor Adam (one `torch._foreach_*` call per step for all
+        variables), which a subclass does not get, and whose per-variable loop
+        made a small model's eager step several milliseconds slower
+        (docs/performance.md, "The torch backend's host overhead").
     """
-    return DenseGradientAdam(
+    adam = DenseGradientAdam if keras.backend.backend() == "tensorflow" \
+        else keras.optimizers.Adam
+    return adam(
         learning_rate=NoamSchedule(d_model, warmup_steps, scale, total_steps, cooldown_steps),
         beta_1=0.9,
         beta_2=0.98,

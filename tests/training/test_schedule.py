@@ -58,8 +58,21 @@ def test_paper_adam_hyperparameters():
     assert isinstance(optimizer._learning_rate, NoamSchedule)
     assert optimizer.clipnorm == 1.0
     revived = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
-    assert isinstance(revived, DenseGradientAdam)
+    assert type(revived) is type(optimizer)
     assert isinstance(revived._learning_rate, NoamSchedule)
+
+
+def test_paper_adam_is_dense_gradient_adam_under_tensorflow_and_keras_adam_elsewhere():
+    """Under PyTorch Keras swaps `keras.optimizers.Adam` itself, not a subclass, for its
+    multi-tensor Adam: a subclass there would update the variables one by one."""
+    optimizer = paper_adam(d_model=512)
+    if keras.backend.backend() == "tensorflow":
+        assert isinstance(optimizer, DenseGradientAdam)
+    else:
+        assert not isinstance(optimizer, DenseGradientAdam)
+        assert isinstance(optimizer, keras.optimizers.Adam)
+    if keras.backend.backend() == "torch":  # swapped by Keras for its torch Adam
+        assert type(optimizer) is not keras.optimizers.Adam
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])

@@ -163,7 +163,7 @@ SUBSTITUTIONS = {
     "benchmarks/experiments/README.md": (
         Substitution("--steps 200 --rounds 4", "--steps 2 --rounds 1", "steps"),
         *(Substitution(f"experiments/{name}.py", f"experiments/{name}.py --quick", "sizes")
-          for name in ("profile_step", "beam_reorder")),
+          for name in ("profile_step", "profile_decoding", "beam_reorder")),
         Substitution("quantize_layers.py", "quantize_layers.py --repeats 2", "repeats"),
     ),
 }

@@ -110,3 +110,20 @@ def test_adams_moments_of_a_repeated_token_are_those_of_its_summed_gradient(jit_
 def test_bad_arguments_are_explained(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NoamSchedule(**kwargs)
+
+
+def test_compile_model_builds_the_optimizer_before_the_first_step():
+    import keras_transformer as kt
+    from keras_transformer.training.compile import compile_model
+
+    config = kt.TransformerConfig.tiny(vocab_size=32, d_model=16, d_ff=32, num_heads=2,
+                                       num_layers=1)
+    model = kt.Transformer(config)
+    compile_model(model, config)
+    assert model.optimizer.built  # not inside the first trace of the train step
+    slots = [id(variable) for variable in model.optimizer.variables]
+    assert len(slots) > 2 * len(model.trainable_variables)  # Adam's two moments each
+    ids = np.random.default_rng(0).integers(4, 32, (2, 6)).astype("int32")
+    model.fit({"source": ids, "target": ids}, ids, epochs=1, verbose=0)
+    assert [id(variable) for variable in model.optimizer.variables] == slots
+    assert int(ops.convert_to_numpy(model.optimizer.iterations)) == 1

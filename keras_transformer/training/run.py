@@ -288,23 +288,23 @@ def _after_training(record, options, model, tokenizer_pair, validation, test):
         average_checkpoints(last, averaged_path)
         print(f"Averaged the last {len(last)} checkpoints into {averaged_path}")
         record.finish("averaged")
+    scorer = _Scorer(model, model_path, tokenizer_pair)
     if options.tune_alpha:
         tuned = averaged_path if "averaged" in record else model_path
-        options = _tune_alpha(record, options, tuned, tokenizer_pair, validation)
+        options = _tune_alpha(record, options, scorer, tuned, validation)
     if test.sources:
         if "evaluated" not in record:
-            record.finish("evaluated", **_score_test(options, model, tokenizer_pair, test))
+            record.finish("evaluated", **_score_test(options, scorer.of(model_path), test))
         if "averaged" in record and "evaluated_averaged" not in record:
             print(f"Evaluating the averaged model {averaged_path}:")
             record.finish("evaluated_averaged", averaged=_score_test(
-                options, run_files.load_model(averaged_path), tokenizer_pair, test,
-                "test_hypotheses_averaged"))
+                options, scorer.of(averaged_path), test, "test_hypotheses_averaged"))
     if options.validation_curve and "validation_curve" not in record:
         if not validation.sources:
             raise ValueError("validation_curve needs validation pairs, and the split is empty.")
         record.finish("validation_curve", validation_curve=scoring.validation_curve(
             options.run_dir, validation, *tokenizer_pair, beam_size=options.beam_size,
-            alpha=options.alpha, limit=options.eval_limit))
+            alpha=options.alpha, limit=options.eval_limit, translator=scorer.lent()))
     if options.export_dir and "exported" not in record:
         record.finish("exported", saved_model=_export(options))
     if record.phases == record.done_before:
@@ -376,19 +376,41 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
     return model
 
 
-def _tune_alpha(record, options, model_path, tokenizer_pair, validation):
-    """The phase "tuned": the options with the α of highest validation BLEU. Test
-    scores of another α are forgotten, so a finished run given `tune_alpha`
-    afterwards scores the test split again."""
+class _Scorer:
+    """One `Translator` for every search after training (α tuning, the test scores):
+    its model takes the weights of each saved model scored in turn, so the search is
+    compiled once, not once per model (as in `scoring.validation_curve`). `model` is
+    the one saved at `model_path`."""
+
+    def __init__(self, model, model_path, tokenizer_pair):
+        self.translator = Translator(model, tokenizer_pair[0],
+                                     target_tokenizer=tokenizer_pair[1])
+        self._current = model_path
+
+    def of(self, path):
+        """The translator, with the weights of the model saved at `path`."""
+        if path != self._current:
+            self.translator.model.set_weights(run_files.load_model(path).get_weights())
+            self._current = path
+        return self.translator
+
+    def lent(self):
+        """The translator, for a caller that gives its model weights of its own."""
+        self._current = None
+        return self.translator
+
+
+def _tune_alpha(record, options, scorer, model_path, validation):
+    """The phase "tuned": the options with the α of highest validation BLEU (of the
+    model saved at `model_path`). Test scores of another α are forgotten, so a
+    finished run given `tune_alpha` afterwards scores the test split again."""
     tuning = record.results.get("alpha_tuning") or {}
     if ("tuned" not in record
             or set(tuning.get("bleu_lowercase", ())) != {str(a) for a in options.tune_alpha}):
         if not validation.sources:
             raise ValueError("tune_alpha needs validation pairs, and the split is empty.")
         print(f"Tuning alpha with {model_path}:")
-        translator = Translator(run_files.load_model(model_path), tokenizer_pair[0],
-                                target_tokenizer=tokenizer_pair[1])
-        tuned = scoring.tune_alpha(translator, validation, options.tune_alpha,
+        tuned = scoring.tune_alpha(scorer.of(model_path), validation, options.tune_alpha,
                                    beam_size=options.beam_size, limit=options.eval_limit)
         record.finish("tuned", alpha_tuning={"alpha": tuned["alpha"], "model": model_path,
                                              "bleu_lowercase": tuned["bleu_lowercase"]})
@@ -400,9 +422,8 @@ def _tune_alpha(record, options, model_path, tokenizer_pair, validation):
     return options
 
 
-def _score_test(options, model, tokenizer_pair, test, name="test_hypotheses"):
+def _score_test(options, translator, test, name="test_hypotheses"):
     """`scoring.evaluate_split` of the test split, hypotheses in RUN_DIR/NAME.txt."""
-    translator = Translator(model, tokenizer_pair[0], target_tokenizer=tokenizer_pair[1])
     return scoring.evaluate_split(
         translator, test, beam_size=options.beam_size, alpha=options.alpha,
         limit=options.eval_limit, verbose=1 if options.verbose else 0,
@@ -422,16 +443,17 @@ def _evaluate_again(options, test):
         raise FileNotFoundError(
             f"evaluate_only needs a finished run in {options.run_dir!r}: {error} Train it "
             "first, without evaluate_only.") from None
-    tokenizer_pair = (source_tokenizer, target_tokenizer)
+    model_path = run_files.path(options.run_dir, run_files.MODEL)
+    scorer = _Scorer(model, model_path, (source_tokenizer, target_tokenizer))
     path = run_files.path(options.run_dir, run_files.RESULTS)
     results = run_files.read_json(path, default={"recipe": options.name})
     for key in _TEST_FIGURES:
         results.pop(key, None)
-    results.update(_score_test(options, model, tokenizer_pair, test))
+    results.update(_score_test(options, scorer.of(model_path), test))
     averaged_path = run_files.path(options.run_dir, run_files.AVERAGED_MODEL)
     if os.path.exists(averaged_path):
         print(f"Evaluating the averaged model {averaged_path}:")
-        results["averaged"] = _score_test(options, run_files.load_model(averaged_path),
-                                          tokenizer_pair, test, "test_hypotheses_averaged")
+        results["averaged"] = _score_test(options, scorer.of(averaged_path), test,
+                                          "test_hypotheses_averaged")
     run_files.write_json(path, results)
     return results

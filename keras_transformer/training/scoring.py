@@ -109,14 +109,16 @@ def tune_alpha(translator, corpus, alphas, *, beam_size=4, limit=None):
 
 
 def validation_curve(run_dir, corpus, source_tokenizer, target_tokenizer=None, *,
-                     beam_size=4, alpha=0.6, limit=None):
+                     beam_size=4, alpha=0.6, limit=None, translator=None):
     """Scores every checkpoint of a run on a validation split and writes
     `RUN_DIR/validation_curve.csv`, one row per checkpoint: its step, the training
     time up to it (`training_seconds_by_step`), cased and lower-cased BLEU, and the
     search that scored it (beam size, α, sentences).
 
-    The checkpoints' weights are loaded in turn into the first one's model, so the
-    search is compiled once for the whole curve, not once per checkpoint.
+    The checkpoints' weights are loaded in turn into one model (the first
+    checkpoint's, or that of `translator`, a `Translator` of a model of the same
+    config and of these tokenizers, whose weights are then replaced), so the search
+    is compiled once for the whole curve, not once per checkpoint.
 
     The file is rewritten after every checkpoint, so a curve that is stopped keeps
     what it scored: a second call reuses the rows of checkpoints that are still there
@@ -135,7 +137,6 @@ def validation_curve(run_dir, corpus, source_tokenizer, target_tokenizer=None, *
     if scored:
         print(f"Validation curve: {len(scored)} of {len(checkpoints)} checkpoints already "
               f"scored in {curve_path}, with the same search; scoring the rest", flush=True)
-    translator = None
     for index, (step, path) in enumerate(zip(steps, checkpoints), 1):
         if step in scored:
             continue

@@ -164,3 +164,41 @@ def test_an_empty_validation_split_refuses_tuning_after_training(tmp_path, split
     # Training and the final save are recorded: a corrected call does not train again.
     assert run_files.read_json(run_files.path(run_dir, run_files.RESULTS))["phases"] == [
         "training", "saved"]
+
+
+# Which models the searches after training use is decided in run.py, the same under
+# every backend.
+@pytest.mark.once("torch")
+def test_one_translator_scores_every_model_after_training_each_with_its_own_weights(
+        tmp_path, splits, monkeypatch):
+    from keras_transformer.inference import Translator
+    from keras_transformer.training import run as run_module
+
+    made = []
+
+    def counted(cls):
+        class Counted(cls):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                made.append(self)
+        return Counted
+
+    monkeypatch.setattr(run_module, "Translator", counted(Translator))
+    monkeypatch.setattr(scoring, "Translator", counted(Translator))
+    run_dir = str(tmp_path / "run")
+    options = RunOptions(run_dir, steps=4, tune_alpha=(0.0, 1.0), validation_curve=True,
+                         **FAST)
+    results = run(splits, CONFIG, options)
+    assert {"tuned", "evaluated", "evaluated_averaged", "validation_curve"} <= set(
+        results["phases"])
+    # α tuning, both test scores and the validation curve: one translator, one compiled search.
+    assert len(made) == 1
+    source, target = run_files.load_tokenizers(run_dir)
+    for model, hypotheses in ((run_files.MODEL, "test_hypotheses.txt"),
+                              (run_files.AVERAGED_MODEL, "test_hypotheses_averaged.txt")):
+        fresh = Translator(run_files.load_model(run_files.path(run_dir, model)), source,
+                           target_tokenizer=target)
+        expected = [t.text for t in fresh.translate(splits["test"].sources, beam_size=1,
+                                                     alpha=results["alpha_tuning"]["alpha"])]
+        with open(os.path.join(run_dir, hypotheses), encoding="utf-8") as f:
+            assert f.read().splitlines() == expected, model

@@ -79,7 +79,9 @@ def test_training_seconds_add_up_the_windows_by_step(tmp_path):
     assert scoring.training_seconds_by_step(str(tmp_path / "missing.csv")) == {}
 
 
-def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lent", [False, True], ids=["own model", "a translator lent"])
+def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path, monkeypatch,
+                                                                       lent):
     tokenizer = CharTokenizer()
     run_dir = str(tmp_path)
     checkpoints = run_files.path(run_dir, run_files.CHECKPOINTS)
@@ -90,14 +92,20 @@ def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path,
     (tmp_path / "training_log.csv").write_text(
         "epoch,step,seconds\n0,2,1.5\n1,4,2.0\n")
     corpus = ParallelCorpus(["abc", "bad"], ["cab", "dab"])
-    translated, evaluate = [], scoring.evaluation.evaluate
+    translated, used, evaluate = [], [], scoring.evaluation.evaluate
 
     def evaluate_and_keep_the_texts(translator, sources, *args, **kwargs):
         translated.append([t.text for t in translator.translate(sources, beam_size=1)])
+        used.append(translator)
         return evaluate(translator, sources, *args, **kwargs)
 
     monkeypatch.setattr(scoring.evaluation, "evaluate", evaluate_and_keep_the_texts)
-    rows = scoring.validation_curve(run_dir, corpus, tokenizer, beam_size=1, alpha=0.0)
+    # A lent translator's model (other weights) takes each checkpoint's weights in turn.
+    translator = Translator(tiny_model(tokenizer.vocab_size, seed=9, num_layers=1),
+                            tokenizer) if lent else None
+    rows = scoring.validation_curve(run_dir, corpus, tokenizer, beam_size=1, alpha=0.0,
+                                    translator=translator)
+    assert used[0] is used[1] and (not lent or used[0] is translator)
     assert [(row["step"], row["training_seconds"]) for row in rows] == [(2, 1.5), (4, 3.5)]
     # Each checkpoint translates with its own weights (they are loaded into one model).
     assert translated == [

@@ -112,6 +112,7 @@ def test_bad_arguments_are_explained(kwargs, message):
         NoamSchedule(**kwargs)
 
 
+@pytest.mark.backs("docs/library.md", "builds the optimizer before that")
 def test_compile_model_builds_the_optimizer_before_the_first_step():
     import keras_transformer as kt
     from keras_transformer.training.compile import compile_model

@@ -58,7 +58,10 @@ def _compiled_for_width(model, width, special_ids, alpha, beam_size, max_output_
     (`searched_beam_size`), else beam search's."""
     import tensorflow as tf
 
-    @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([None, width], tf.int32)])
+    # No AutoGraph, as in `keras_transformer.inference.compiled`: the loops are
+    # keras.ops.while_loop, the branches tf.cond and tf.switch_case.
+    @tf.function(jit_compile=True, autograph=False,
+                 input_signature=[tf.TensorSpec([None, width], tf.int32)])
     def compiled(source_ids):
         if beam_size is None:
             ids, scores = greedy_loop(model, source_ids, special_ids, max_output_length)
@@ -118,7 +121,8 @@ def ids_signature(config, source_tokenizer, shapes, search):
 
     pad_id, eos_id, limit = config.pad_id, source_tokenizer.eos_id, shapes.max_source_length
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")])
+    @tf.function(autograph=False,
+                 input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")])
     def translate_ids(source_ids):
         tf.debugging.assert_non_negative(
             source_ids, message="source_ids must be token ids >= 0")
@@ -146,7 +150,8 @@ def text_signature(config, source_tokenizer, target_tokenizer, shapes, search):
     source_eos_id, target_eos_id = source_tokenizer.eos_id, target_tokenizer.eos_id
     num_return = search.num_return
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    @tf.function(autograph=False,
+                 input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
     def translate(inputs):
         tokens = tf.cast(source_tokenizer.tokenize_tf(inputs), tf.int32)
         counts = tf.cast(tokens.row_lengths(), tf.int32)

@@ -16,9 +16,8 @@ def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0, fus
     """The paper's training setup: Adam(0.9, 0.98, 1e-9) on the eq. (3) schedule (×
     `lr_scale`, with an optional linear cooldown over the last `cooldown` of
     `total_steps`), label smoothing ε_ls (§5.4), in one fused pass when `fused_loss`
-    or with the projection in chunks of `loss_chunk_size` positions
-    (`LabelSmoothedCrossEntropy`), and masked token accuracy. A built model's
-    optimizer is built here too (its slots exist before the first train step)."""
+    or with the projection in chunks of `loss_chunk_size` positions (`LabelSmoothedCrossEntropy`),
+    and masked token accuracy; it also builds a built model's optimizer."""
     model.compile(
         optimizer=paper_adam(config.d_model, config.warmup_steps, lr_scale, total_steps,
                              cooldown),
@@ -27,7 +26,6 @@ def compile_model(model, config, lr_scale=1.0, total_steps=None, cooldown=0, fus
         metrics=[MaskedTokenAccuracy(pad_id=config.pad_id)],
     )
     if model.built:
-        # Adam's slots now, not inside the first trace of the train step: under
-        # TensorFlow, a tf.function that creates variables is traced twice (a
-        # second trace of 5 to 7 s for a model of one layer on a 2-core AMD EPYC).
+        # Adam's slots now, not in the first trace of the train step: under TensorFlow
+        # a tf.function that creates variables is traced twice (5 to 7 s more here).
         model.optimizer.build(model.trainable_variables)

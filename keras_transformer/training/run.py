@@ -304,7 +304,7 @@ def _after_training(record, options, model, tokenizer_pair, validation, test):
             raise ValueError("validation_curve needs validation pairs, and the split is empty.")
         record.finish("validation_curve", validation_curve=scoring.validation_curve(
             options.run_dir, validation, *tokenizer_pair, beam_size=options.beam_size,
-            alpha=options.alpha, limit=options.eval_limit, translator=scorer.lent()))
+            alpha=options.alpha, limit=options.eval_limit, translator=scorer.of(None)))
     if options.export_dir and "exported" not in record:
         record.finish("exported", saved_model=_export(options))
     if record.phases == record.done_before:
@@ -377,26 +377,19 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
 
 
 class _Scorer:
-    """One `Translator` for every search after training (α tuning, the test scores):
-    its model takes the weights of each saved model scored in turn, so the search is
-    compiled once, not once per model (as in `scoring.validation_curve`). `model` is
-    the one saved at `model_path`."""
+    """One `Translator` for the searches after training (α tuning, the test scores, the
+    validation curve): its model takes each saved model's weights in turn, so the search
+    compiles once, not once per model. `model` is the one saved at `model_path`."""
 
     def __init__(self, model, model_path, tokenizer_pair):
-        self.translator = Translator(model, tokenizer_pair[0],
-                                     target_tokenizer=tokenizer_pair[1])
-        self._current = model_path
+        self.translator = Translator(model, tokenizer_pair[0], target_tokenizer=tokenizer_pair[1])
+        self.current = model_path
 
     def of(self, path):
-        """The translator, with the weights of the model saved at `path`."""
-        if path != self._current:
+        """The translator with the weights saved at `path` (None: as they are)."""
+        if path not in (None, self.current):
             self.translator.model.set_weights(run_files.load_model(path).get_weights())
-            self._current = path
-        return self.translator
-
-    def lent(self):
-        """The translator, for a caller that gives its model weights of its own."""
-        self._current = None
+        self.current = path
         return self.translator
 
 
@@ -437,19 +430,17 @@ def _evaluate_again(options, test):
     if not test.sources:
         raise ValueError("evaluate_only needs test pairs, and the split is empty.")
     try:
-        model, source_tokenizer, target_tokenizer = run_files.load_translation_model(
-            options.run_dir)
+        model, *tokenizer_pair = run_files.load_translation_model(options.run_dir)
     except FileNotFoundError as error:
         raise FileNotFoundError(
             f"evaluate_only needs a finished run in {options.run_dir!r}: {error} Train it "
             "first, without evaluate_only.") from None
-    model_path = run_files.path(options.run_dir, run_files.MODEL)
-    scorer = _Scorer(model, model_path, (source_tokenizer, target_tokenizer))
+    scorer = _Scorer(model, run_files.path(options.run_dir, run_files.MODEL), tokenizer_pair)
     path = run_files.path(options.run_dir, run_files.RESULTS)
     results = run_files.read_json(path, default={"recipe": options.name})
     for key in _TEST_FIGURES:
         results.pop(key, None)
-    results.update(_score_test(options, scorer.of(model_path), test))
+    results.update(_score_test(options, scorer.translator, test))
     averaged_path = run_files.path(options.run_dir, run_files.AVERAGED_MODEL)
     if os.path.exists(averaged_path):
         print(f"Evaluating the averaged model {averaged_path}:")

@@ -115,10 +115,9 @@ def validation_curve(run_dir, corpus, source_tokenizer, target_tokenizer=None, *
     time up to it (`training_seconds_by_step`), cased and lower-cased BLEU, and the
     search that scored it (beam size, α, sentences).
 
-    The checkpoints' weights are loaded in turn into one model (the first
-    checkpoint's, or that of `translator`, a `Translator` of a model of the same
-    config and of these tokenizers, whose weights are then replaced), so the search
-    is compiled once for the whole curve, not once per checkpoint.
+    The checkpoints' weights are loaded in turn into one model (the first checkpoint's,
+    or that of `translator`, one of the same config and tokenizers), so the search is
+    compiled once for the whole curve, not once per checkpoint.
 
     The file is rewritten after every checkpoint, so a curve that is stopped keeps
     what it scored: a second call reuses the rows of checkpoints that are still there

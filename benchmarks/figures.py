@@ -18,6 +18,7 @@ labelled when its section says "the code has changed since".
 """
 
 import ast
+import functools
 import glob
 import os
 import re
@@ -104,14 +105,19 @@ def imported_files(files, root=ROOT):
         if path in seen or not os.path.exists(os.path.join(root, path)):
             continue
         seen.add(path)
-        with open(os.path.join(root, path), encoding="utf-8") as file:
-            source = file.read()
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        todo.extend(_imports(tree, path, root))
+        todo.extend(_file_imports(path, root))
     return seen
+
+
+@functools.lru_cache(maxsize=None)
+def _file_imports(path, root):
+    """`_imports` of one file as it is now (every table's walk reads the same files)."""
+    with open(os.path.join(root, path), encoding="utf-8") as file:
+        source = file.read()
+    try:
+        return tuple(_imports(ast.parse(source), path, root))
+    except SyntaxError:
+        return ()
 
 
 def _imports(tree, path, root):
@@ -141,6 +147,7 @@ def _imports(tree, path, root):
             yield f"{stem}/__init__.py"
 
 
+@functools.lru_cache(maxsize=None)
 def code_of(source):
     """The source's syntax tree without docstrings, as text (comments and layout are not
     in it); the source itself when it does not parse."""
@@ -161,16 +168,36 @@ def changed_since(commit, files, root=ROOT, known=None):
     """The files among `files` whose code differs between `commit` and the working tree;
     `known` ({(commit, path): differs}) keeps the answers across calls."""
     known = {} if known is None else known
-    for path in files:
-        if (commit, path) not in known:
-            old = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=root,
-                                 capture_output=True, text=True)
-            new_path = os.path.join(root, path)
-            new = (open(new_path, encoding="utf-8").read() if os.path.exists(new_path)
-                   else None)
-            known[commit, path] = (old.returncode != 0 or new is None
-                                   or code_of(old.stdout) != code_of(new))
+    asked = sorted(path for path in files if (commit, path) not in known)
+    for path, old in zip(asked, _at_commit(commit, asked, root)):
+        new_path = os.path.join(root, path)
+        new = (open(new_path, encoding="utf-8").read() if os.path.exists(new_path)
+               else None)
+        known[commit, path] = (old is None or new is None
+                               or (old != new and code_of(old) != code_of(new)))
     return sorted(path for path in files if known[commit, path])
+
+
+def _at_commit(commit, paths, root):
+    """Each path's text at `commit` (None where it was not there), read by one
+    `git cat-file --batch` rather than a `git show` each."""
+    if not paths:
+        return []
+    output = subprocess.run(["git", "cat-file", "--batch"], cwd=root, check=True,
+                            input="".join(f"{commit}:{path}\n" for path in paths).encode(),
+                            capture_output=True).stdout
+    texts, at = [], 0
+    for _ in paths:
+        end = output.index(b"\n", at)
+        header = output[at:end].split()
+        if header[-1] == b"missing" or header[1] != b"blob":
+            texts.append(None)
+            at = end + 1
+            continue
+        size = int(header[2])
+        texts.append(output[end + 1:end + 1 + size].decode("utf-8", errors="replace"))
+        at = end + 1 + size + 1
+    return texts
 
 
 def stale_tables(root=ROOT):

@@ -68,8 +68,11 @@ PHASES = (("read", r"^Pairs: "), ("sampled", r"^Tokenizer: learning "),
 # CPU the step at 2,048 tokens and the data fit the 4 GB goal together, at 4,096
 # the step alone takes 1.2 GB more (docs/wmt14.md).
 TOKENS_PER_BATCH = 2048
-# Test sets kept small: the validation loss is computed at every checkpoint.
+# Test sets kept small: the validation loss is computed at every checkpoint. --quick's
+# are smaller still: each batch shape of the validation set is a compilation of the
+# evaluation step (TensorFlow's XLA), and 200 pairs made the quick run's first step 48 s.
 TEST_PAIRS = 200
+QUICK_TEST_PAIRS = 16
 PADDING = re.compile(r"padding (\d+)% of source and (\d+)% of target positions")
 
 
@@ -91,7 +94,8 @@ def build_parser():
     parser.add_argument("--keep-corpus", action="store_true",
                         help="reuse a corpus already made in --work-dir")
     parser.add_argument("--quick", action="store_true",
-                        help="50,000 pairs, a 8,000-token vocabulary (figures meaningless)")
+                        help=f"50,000 pairs, test sets of {QUICK_TEST_PAIRS}, a 8,000-token "
+                        "vocabulary (figures meaningless)")
     parser.add_argument("--output", help="also write the figures to this JSON file")
     return parser
 
@@ -127,7 +131,8 @@ def make_corpus(args, folder):
     os.makedirs(folder, exist_ok=True)
     write_joined(read_multi30k(args.data_dir, "train"), args.pairs, folder, "train", seed=0)
     for stem, source in (("newstest2013", "val"), ("newstest2014", "test_2016_flickr")):
-        write_joined(read_multi30k(args.data_dir, source), TEST_PAIRS, folder, stem, seed=1)
+        write_joined(read_multi30k(args.data_dir, source),
+                     QUICK_TEST_PAIRS if args.quick else TEST_PAIRS, folder, stem, seed=1)
     size = sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
     common.progress(f"corpus: {args.pairs:,} training pairs, {size / 1e9:.2f} GB, made in "
                     f"{time.perf_counter() - start:.0f} s")

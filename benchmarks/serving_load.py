@@ -12,6 +12,7 @@ that send nothing, or a request's headers one byte at a time.
 """
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -114,6 +115,11 @@ class ServerProcess:
         """Waits for the state AVAILABLE; returns seconds from process start."""
         deadline = self.started + self.startup_timeout
         if not self._bound.wait(max(deadline - time.perf_counter(), 0)) or self.port is None:
+            if self._bound.is_set():  # its standard error closed: it ended before binding
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=10)
+                raise RuntimeError(f"The server exited (status {self.process.returncode}) "
+                                   f"before it reported its port:\n{self.log_tail()}")
             raise RuntimeError(f"The server did not report its port within "
                                f"{self.startup_timeout:g} s:\n{self.log_tail()}")
         client = Client(self.port)

@@ -97,27 +97,25 @@ def program_files(root=ROOT):
             for path in glob.glob(os.path.join(root, folder, "**", "*.py"), recursive=True)}
 
 
-def imported_files(files, root=ROOT):
-    """`files` with every file of the repository they import, transitively."""
+def imported_files(files, root=ROOT, known=None):
+    """`files` with every file of the repository they import, transitively; `known`
+    ({path: the files it imports}) keeps each file's imports across calls."""
+    known = {} if known is None else known
     seen, todo = set(), list(files)
     while todo:
         path = todo.pop()
         if path in seen or not os.path.exists(os.path.join(root, path)):
             continue
         seen.add(path)
-        todo.extend(_file_imports(path, root))
+        if path not in known:
+            with open(os.path.join(root, path), encoding="utf-8") as file:
+                source = file.read()
+            try:
+                known[path] = tuple(_imports(ast.parse(source), path, root))
+            except SyntaxError:
+                known[path] = ()
+        todo.extend(known[path])
     return seen
-
-
-@functools.lru_cache(maxsize=None)
-def _file_imports(path, root):
-    """`_imports` of one file as it is now (every table's walk reads the same files)."""
-    with open(os.path.join(root, path), encoding="utf-8") as file:
-        source = file.read()
-    try:
-        return tuple(_imports(ast.parse(source), path, root))
-    except SyntaxError:
-        return ()
 
 
 def _imports(tree, path, root):
@@ -202,7 +200,7 @@ def _at_commit(commit, paths, root):
 
 def stale_tables(root=ROOT):
     """Every stale table of figures (`Table`), page by page."""
-    stale, known = [], {}
+    stale, known, imports = [], {}, {}
     for page in pages(root):
         with open(os.path.join(root, page), encoding="utf-8") as file:
             text = file.read()
@@ -210,7 +208,8 @@ def stale_tables(root=ROOT):
             commits = tuple(dict.fromkeys(COMMIT.findall(section)))
             if marked or not commits or not is_table_of_figures(table):
                 continue
-            files = imported_files(entry_files(section, root) or program_files(root), root)
+            files = imported_files(entry_files(section, root) or program_files(root), root,
+                                   imports)
             changed = {path for commit in commits
                        for path in changed_since(commit, files, root, known)}
             if changed:

@@ -187,13 +187,15 @@ def _at_commit(commit, paths, root):
     texts, at = [], 0
     for _ in paths:
         end = output.index(b"\n", at)
-        header = output[at:end].split()
-        if header[-1] == b"missing" or header[1] != b"blob":
+        header = output[at:end].rsplit(maxsplit=2)  # OBJECT TYPE SIZE, or NAME missing
+        if len(header) < 3 or not header[2].isdigit():  # no object: no contents follow
             texts.append(None)
             at = end + 1
             continue
         size = int(header[2])
-        texts.append(output[end + 1:end + 1 + size].decode("utf-8", errors="replace"))
+        contents = output[end + 1:end + 1 + size]
+        texts.append(contents.decode("utf-8", errors="replace") if header[1] == b"blob"
+                     else None)  # a folder's tree object is not a file
         at = end + 1 + size + 1
     return texts
 

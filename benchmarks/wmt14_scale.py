@@ -79,7 +79,8 @@ PADDING = re.compile(r"padding (\d+)% of source and (\d+)% of target positions")
 def build_parser():
     """The script's command-line options."""
     parser = common.argument_parser(__doc__)
-    parser.add_argument("--pairs", type=int, default=4_500_000, help="training pairs made")
+    parser.add_argument("--pairs", type=int, help="training pairs made (default: 4,500,000, "
+                        "WMT14's count; 50,000 with --quick)")
     parser.add_argument("--work-dir", default="/tmp/wmt14_scale",
                         help="where the corpus and the run directory go")
     parser.add_argument("--data-dir", default=DATA_DIR,
@@ -94,7 +95,8 @@ def build_parser():
     parser.add_argument("--keep-corpus", action="store_true",
                         help="reuse a corpus already made in --work-dir")
     parser.add_argument("--quick", action="store_true",
-                        help=f"50,000 pairs, test sets of {QUICK_TEST_PAIRS}, a 8,000-token "
+                        help=f"50,000 pairs (unless --pairs says), test sets of "
+                        f"{QUICK_TEST_PAIRS}, a 8,000-token "
                         "vocabulary (figures meaningless)")
     parser.add_argument("--output", help="also write the figures to this JSON file")
     return parser
@@ -238,8 +240,10 @@ def multi30k_padding(args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.quick:
-        args.pairs = 50_000
+    if args.pairs is None:
+        args.pairs = 50_000 if args.quick else 4_500_000
+    if args.pairs < 1:
+        raise SystemExit(f"error: --pairs {args.pairs}: give at least 1 training pair")
     args.data_dir = common.fetched_if_cache(args.data_dir)
     folder, run_dir = (os.path.join(args.work_dir, name) for name in ("data", "run"))
     shutil.rmtree(run_dir, ignore_errors=True)

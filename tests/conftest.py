@@ -1,9 +1,14 @@
 """Shared fixtures and settings. Every test runs under the backend in KERAS_BACKEND.
 
-`@pytest.mark.once("jax")` (or a module's `pytestmark = pytest.mark.once("jax")`)
-marks a test whose subject does not depend on the backend: it runs in that
-backend's pass of the suite only, and the other passes leave it out
-(deselected, not skipped). The README's test command runs the three passes.
+The tests come in two tiers (`runs_in`):
+- the suite, which the README's test command runs once per backend. A test whose subject
+  does not depend on the backend is marked `@pytest.mark.once("jax")` (or by a module's
+  `pytestmark = pytest.mark.once("jax")`): it runs in that backend's pass only, and the
+  other passes leave it out (deselected, not skipped). Every other test runs in all three.
+- the walk through the pages (`@pytest.mark.walk`, tests/test_pages.py), which runs only
+  with `--walk`, whatever the backend: `python -m pytest -q -n 2 --dist loadgroup --walk
+  tests/test_pages.py`, right after the suite in .ci/run.
+tests/test_tiers.py checks that every test runs in exactly one of those places.
 
 Hypothesis runs with its default profile (random examples, an example
 database under .hypothesis/) on a workstation. In CI (the CI environment
@@ -40,7 +45,8 @@ import types  # noqa: E402
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
-from helpers import built_once, in_ci  # noqa: E402
+from _pytest.doctest import DoctestItem  # noqa: E402
+from helpers import BACKENDS, COLLECTED, built_once, in_ci, runs_in  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 import keras_transformer as kt  # noqa: E402
@@ -78,7 +84,7 @@ def _a_share_of_the_cores_per_worker(config):
 # its tests are left: one of these sent last keeps the other worker idle until it
 # ends (test_multiprocess.py, two tests, was among the last files when xdist ordered
 # the files by their number of tests).
-LONG_FILES = ("tests/test_pages.py", "tests/test_recipes.py", "tests/test_signals.py",
+LONG_FILES = ("tests/test_recipes.py", "tests/test_signals.py",
               "tests/test_multiprocess.py",
               "tests/inference/test_decoding.py", "tests/export/test_saved_model.py",
               "tests/test_model.py", "tests/serving/test_server.py", "tests/test_docs.py",
@@ -93,6 +99,41 @@ def _long_files_first(items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--walk", action="store_true", help="run the walk through the pages "
+                     "(tests marked walk) and nothing else; without it they are left out")
+
+
+# The quick loop that a developer runs while editing leaves out the tests marked `slow`:
+# those of these files (they start processes, export, serve, or train and decode with XLA),
+# those that use the trained `reversal` model, and the few elsewhere marked one by one
+# (docs/installation.md, "Running the tests").
+SLOW_FILES = ("tests/test_multiprocess.py", "tests/test_signals.py", "tests/test_recipes.py",
+              "tests/test_cli_errors.py", "tests/test_imports.py", "tests/test_benchmarks.py",
+              "tests/test_option_matrix.py", "tests/test_figures.py", "tests/test_pages.py",
+              "tests/inference/test_decoding.py", "tests/export/test_saved_model.py",
+              "tests/export/test_ctranslate2.py", "tests/serving/test_server.py",
+              "tests/test_chunked_loss.py", "tests/training/test_distribution.py",
+              "tests/training/test_run.py", "tests/test_properties.py",
+              # docstring examples that train a tokenizer or compile searches
+              "keras_transformer/export/ctranslate2.py",
+              "keras_transformer/inference/translator.py", "keras_transformer/inference/beam.py",
+              "keras_transformer/inference/sampling.py", "keras_transformer/plots/attention.py")
+
+
+# Docstring examples whose subject does not depend on the backend (BLEU, argument checks,
+# tokenizers, configs, plots of formulas), as if marked once("torch").
+ONCE_DOCTESTS = ("keras_transformer/evaluation.py", "keras_transformer/validation.py",
+                 "keras_transformer/tokenizers/__init__.py", "keras_transformer/config.py",
+                 "keras_transformer/data/toy_tasks.py", "keras_transformer/plots/curves.py",
+                 "tests/helpers.py")
+
+
+def _markers(item):
+    """{marker name: its args}, a test's own marker over its module's."""
+    return {mark.name: mark.args for mark in reversed(list(item.iter_markers()))}
+
+
 def pytest_configure(config):
     _a_share_of_the_cores_per_worker(config)
     if hasattr(config.option, "loadscopereorder"):  # xdist's files in collection order
@@ -104,22 +145,36 @@ def pytest_configure(config):
         "markers", "once(backend): the test's subject does not depend on the backend; it "
                    "runs in that backend's pass of the suite only")
     config.addinivalue_line(
+        "markers", "slow: left out of the quick loop (`-m \"not slow\"`); SLOW_FILES are slow "
+                   "as a whole")
+    config.addinivalue_line(
+        "markers", "walk: walks pages of the README and docs/ (tests/test_pages.py); runs only "
+                   "with --walk")
+    config.addinivalue_line(
         "markers", "backs(page, quote): the test checks the statement of the page that the "
                    "quote (a piece of one line) is taken from; docs/claims.md lists them "
                    "(tests/claims.py)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` reads the markers added here
 def pytest_collection_modifyitems(config, items):
-    """Leaves out the tests marked `once` for another backend's pass, and puts the
-    long files first."""
-    backend = keras.backend.backend()
-    kept, left_out = [], []
+    """Leaves out the tests of the other tier, and those marked `once` for another
+    backend's pass; puts the long files first."""
+    backend, walk = keras.backend.backend(), config.getoption("walk")
+    kept, left_out, collected = [], [], {}
     for item in items:
-        marker = item.get_closest_marker("once")
-        if marker is not None and marker.args[0] not in ("tensorflow", "jax", "torch"):
-            raise pytest.UsageError(f"{item.nodeid}: once() takes a backend, got "
-                                    f"{marker.args[0]!r}")
-        (left_out if marker is not None and marker.args[0] != backend else kept).append(item)
+        path = item.nodeid.split("::")[0]
+        if isinstance(item, DoctestItem) and path in ONCE_DOCTESTS:
+            item.add_marker(pytest.mark.once("torch"))
+        if path in SLOW_FILES or "reversal" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+        markers = _markers(item)
+        if "once" in markers and markers["once"][:1] not in [(name,) for name in BACKENDS]:
+            raise pytest.UsageError(f"{item.nodeid}: once() takes one backend, got "
+                                    f"{markers['once']!r}")
+        collected[item.nodeid] = markers
+        (kept if runs_in(markers, backend, walk) else left_out).append(item)
+    config.stash[COLLECTED] = collected
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept

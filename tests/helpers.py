@@ -379,3 +379,18 @@ def built_once(tmp_path_factory, name, build):
             build(folder)
             (folder / ".complete").touch()
     return folder
+
+
+BACKENDS = ("tensorflow", "jax", "torch")
+# {node id: its markers} of every collected test, before any is left out by tier or by
+# backend (tests/conftest.py); tests/test_tiers.py reads it.
+COLLECTED = pytest.StashKey[dict]()
+
+
+def runs_in(markers, backend, walk):
+    """Whether a test with these marker names and `once` backend ({name: args}) runs in
+    the suite's pass of `backend` (walk False) or in the walk (walk True, any backend)."""
+    if "walk" in markers:
+        return walk
+    once = markers.get("once")
+    return not walk and (once is None or once[0] == backend)

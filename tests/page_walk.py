@@ -1,12 +1,13 @@
 """The pages, run as a new user runs them: every ```bash block of README.md, then of the
 docs/ pages and the benchmarks' pages, in page order, in fresh clones of the repository.
 
-A new user follows README.md and then docs/: the pages build on each other (docs/translation.md
-translates with the models README.md and docs/results.md trained), so the walk runs the pages
-one after the other in one directory, each page's blocks joined into one bash script (`set -e`:
-a command that fails ends its page, with the page and the line of its block). It goes in
-legs (`LEGS`), each in a clone of its own, two of them in passes of the suite; what a leg's
-first page takes from an earlier leg it makes first (`BEFORE`, printed with the table).
+A new user follows README.md and then docs/: the pages build on each other (docs/serving.md
+serves the model README.md's quickstart trained), so the walk runs the pages of a chain
+(`CHAINS`) one after the other in one directory, each page's blocks joined into one bash
+script (`set -e`: a command that fails ends its page, with the page and the line of its
+block). The chains do not depend on each other: each runs in a clone of its own, and the
+suite's walk (`python -m pytest -n 2 --walk tests/test_pages.py`) runs them side by side. What
+a page takes from another chain it makes first (`BEFORE`, printed with the page's table).
 
 What the walk changes is declared in `SUBSTITUTIONS`, one table per page, printed with each
 run: step counts and sizes (minutes of training become seconds), ports (a free one for
@@ -25,6 +26,7 @@ WMT14, hours of measurement) is marked in the page itself, on the line above its
 and only parsed (tests/test_doc_commands.py checks every command's options).
 
     python tests/page_walk.py [--pages README.md docs/serving.md] [--directory DIR]
+    python tests/page_walk.py --chain benchmarks   # the benchmarks' pages, walked by hand
     python tests/page_walk.py --tables   # what the walk changes, page by page
     python tests/page_walk.py --list     # the tables and the scripts the walk would run
 """
@@ -33,6 +35,7 @@ import argparse
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -46,21 +49,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import REPOSITORY  # noqa: E402
 from test_docs import code_blocks  # noqa: E402
 
-# The order a new user reads them in (the README, the pages it leads to, the benchmarks'),
-# in three legs, one per pass of the suite (the backend names the pass, not what the pages
-# run: their commands pick their own backends), each leg in its own fresh clone.
-LEGS = {
-    "tensorflow": ("README.md", "docs/installation.md", "docs/results.md", "docs/training.md",
-                   "docs/translation.md"),
-    "jax": ("docs/serving.md", "docs/library.md", "docs/wmt14.md", "docs/distributed.md"),
-    # Not in CI: the benchmarks' pages, even with every script at --quick, ran past 30
-    # minutes in the torch pass on the 2-core CI machine (stop 68), twice the pass itself.
-    # Walked by hand: `python tests/page_walk.py --leg benchmarks`.
+# The chains of pages that build on each other, in the order a new user reads them, each
+# walked in a clone of its own. The suite's walk runs the first four side by side, the longest
+# first (pytest-xdist gives each worker a chain and the next one when its chain nears its
+# end); the benchmarks' pages are walked by hand (`python tests/page_walk.py --chain
+# benchmarks`): even with every script at --quick they take about an hour on 2 cores.
+CHAINS = {
+    "multi30k": ("docs/results.md", "docs/training.md", "docs/translation.md"),
+    "quickstart": ("README.md", "docs/installation.md", "docs/serving.md", "docs/library.md"),
+    "wmt14": ("docs/wmt14.md",),
+    "distributed": ("docs/distributed.md",),
     "benchmarks": ("docs/performance.md", "benchmarks/README.md",
                    "benchmarks/experiments/README.md"),
 }
-PASSES = ("tensorflow", "jax")  # the legs the suite's passes walk
-PAGES = tuple(page for pages in LEGS.values() for page in pages)
+WALKED_IN_THE_SUITE = ("multi30k", "quickstart", "wmt14", "distributed")
+PAGES = tuple(page for pages in CHAINS.values() for page in pages)
 NOT_RUN = re.compile(r"^<!-- not run by the tests: (?P<reason>\S.*\S) -->$")
 
 
@@ -135,8 +138,8 @@ SUBSTITUTIONS = {
         Substitution("8501", "$PORT", "a free port"),
     ),
     "docs/wmt14.md": (
-        Substitution("--work-dir /tmp/wmt14_scale", "--quick --work-dir wmt14_scale",
-                     "sizes: 50,000 pairs, test sets of 16, a folder of the walk's"),
+        Substitution("--work-dir /tmp/wmt14_scale", "--quick --pairs 10000 --work-dir wmt14_scale",
+                     "sizes: 10,000 pairs, test sets of 16, a folder of the walk's"),
     ),
     "docs/distributed.md": (
         Substitution("--train-limit 2000",
@@ -176,11 +179,16 @@ SUBSTITUTIONS = {
 }
 
 
-# What the first page of a leg takes from a page of an earlier leg, made first in the
-# leg's clone: (command, why), printed with the page's table.
+# What a page takes from a page of another chain, made first in the chain's clone:
+# (command, why), printed with the page's table.
 BEFORE = {
-    "docs/serving.md": ((f"python -m recipes.quickstart {_QUICKSTART}",
-                         "the model and the export (version 1) of README.md's quickstart"),),
+    "docs/translation.md": (
+        ("python -c \"from keras_transformer.data.corpora import synthetic_translation as s\n"
+         "open('test.src', 'w').write('\\\\n'.join(s(20, seed=3).sources) + '\\\\n')\"",
+         "README.md's test.src (docs/results.md has trained the quickstart in this chain)"),
+        ("keras-transformer export runs/quickstart ct2_models/quickstart --format ctranslate2",
+         "README.md's CTranslate2 export of the quickstart"),
+    ),
 }
 
 
@@ -221,7 +229,7 @@ def script(page, text=None):
         if not any(entry.old in code for _, code in parts):
             raise ValueError(f"{page}: the substitution of {entry.old!r} matches no block it runs")
         parts = [(line, code.replace(entry.old, entry.new)) for line, code in parts]
-    before = [f"echo \"## before {page}: {command}\" >&2\n{command}\n"
+    before = [f"echo {shlex.quote(f'## before {page}: {command}')} >&2\n{command}\n"
               for command, _ in BEFORE.get(page, ())]
     return "\n".join(before + [f"echo \"## {page}:{line} (at $SECONDS s)\" >&2\n{code}"
                                for line, code in parts])
@@ -321,13 +329,33 @@ def failure(run):
     return f"{where}: the block ended with status {run.status} after {run.seconds:.0f} s\n{tail}"
 
 
+def chain_of(page):
+    return next(name for name, pages in CHAINS.items() if page in pages)
+
+
+def walk_chain(pages, directory, env, timeout):
+    """Runs the pages in order in `directory` (a fresh clone is made there unless one is),
+    printing each page's table, output and time; False at the first page that fails."""
+    if not os.path.isdir(os.path.join(directory, ".git")):  # else a walk's, reused
+        os.makedirs(directory, exist_ok=True)
+        fresh_checkout(directory)
+    for page in pages:
+        print(table(page), flush=True)
+        run = run_page(page, directory, env, timeout=timeout)
+        print(run.output if run.status == 0 else failure(run), flush=True)
+        print(f"{page}: status {run.status} in {run.seconds:.0f} s\n", flush=True)
+        if run.status != 0:
+            return False
+    return True
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", nargs="+", default=PAGES, choices=PAGES, metavar="PAGE")
-    parser.add_argument("--leg", choices=LEGS, help="the pages of one leg (default: all, one "
-                        "leg after the other in one clone)")
-    parser.add_argument("--directory", help="where the fresh checkout goes (default: a "
-                        "temporary folder, removed afterwards)")
+    parser.add_argument("--pages", nargs="+", default=PAGES, choices=PAGES, metavar="PAGE",
+                        help="the pages, in the order of their chains (default: all)")
+    parser.add_argument("--chain", choices=CHAINS, help="the pages of one chain")
+    parser.add_argument("--directory", help="where the fresh checkouts go, one folder per "
+                        "chain (default: a temporary folder, removed afterwards)")
     parser.add_argument("--list", action="store_true", help="print the tables and the "
                         "scripts, run nothing")
     parser.add_argument("--tables", action="store_true", help="print the tables only")
@@ -335,31 +363,28 @@ def main(argv=None):
                         help="a page's limit (default: %(default)s; docs/performance.md "
                         "alone ran past 1,800 s on the 2-core AMD EPYC)")
     args = parser.parse_args(argv)
-    if args.leg:
-        args.pages = LEGS[args.leg]
+    if args.chain:
+        args.pages = CHAINS[args.chain]
     if args.list or args.tables:
         for page in args.pages:
             print(table(page), *([] if args.tables else [script(page)]), sep="\n\n",
                   end="\n\n")
         return 0
+    chains = {name: [page for page in pages if page in args.pages]
+              for name, pages in CHAINS.items()}
     with tempfile.TemporaryDirectory() as scratch:
-        directory = args.directory or os.path.join(scratch, "checkout")
-        if not os.path.isdir(os.path.join(directory, ".git")):  # else a walk's, reused
-            os.makedirs(directory, exist_ok=True)
-            fresh_checkout(directory)
-        home = f"{directory}-home" if args.directory else os.path.join(scratch, "home")
-        os.makedirs(home, exist_ok=True)
+        base = args.directory or scratch
         from helpers import data_mirror, loopback_http
 
         # The mirror serves until the last page could end.
         with loopback_http(data_mirror(), lifetime=args.timeout * len(args.pages)) as mirror:
-            env = environment(home, mirror)
-            for page in args.pages:
-                print(table(page), flush=True)
-                run = run_page(page, directory, env, timeout=args.timeout)
-                print(run.output if run.status == 0 else failure(run), flush=True)
-                print(f"{page}: status {run.status} in {run.seconds:.0f} s\n", flush=True)
-                if run.status != 0:
+            for name, pages in chains.items():
+                if not pages:
+                    continue
+                home = os.path.join(base, f"{name}-home")
+                os.makedirs(home, exist_ok=True)
+                if not walk_chain(pages, os.path.join(base, name),
+                                  environment(home, mirror), args.timeout):
                     return 1
     return 0
 

@@ -277,6 +277,7 @@ def test_options_may_come_anywhere_among_the_sentences(command_line):
     assert between == last and len(last.splitlines()) == 4
 
 
+@command_line_only
 @pytest.mark.backs("docs/translation.md",
                    "a wrong option, or a path that cannot be right (a missing model or file)")
 def test_a_translate_mistake_shows_translates_usage(capsys):
@@ -342,6 +343,7 @@ def test_plot_commands_write_pngs(run_dir, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@command_line_only
 @pytest.mark.backs("README.md", "a mistake is one `error:` line with exit status 2")
 @pytest.mark.backs("docs/translation.md",
                    "a wrong option, or a path that cannot be right (a missing model or file)")
@@ -367,6 +369,7 @@ def test_user_mistakes_print_one_line_and_exit_2(tmp_path, capsys):
 
 # The command line: one line on stderr (after the command's usage for a mistake in the
 # options), non-zero exit, no traceback.
+@command_line_only
 @pytest.mark.parametrize("argv, message, usage", [
     (["translate", "no/such/run", "hallo"], "argument model: 'no/such/run' does not exist",
      True),
@@ -405,6 +408,7 @@ def test_native_logs_are_hidden_unless_asked_for(argv, native_logs, monkeypatch,
     assert calls == [native_logs]
 
 
+@command_line_only
 def test_command_line_rejects_bad_numbers(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["translate", "run", "hallo", "--beam-size", "0"])
@@ -438,6 +442,7 @@ def test_a_terminal_is_told_how_to_end(command_line):
     assert len(out.splitlines()) == 1 and "Ctrl-D" in err
 
 
+@command_line_only
 def test_serve_help_shows_the_port_and_host_defaults(capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
@@ -479,6 +484,7 @@ def test_a_compiled_model_loads_without_keras_compile_warning(tmp_path, recwarn)
     assert not [w for w in recwarn if "compile()" in str(w.message)]
 
 
+@pytest.mark.slow
 @pytest.mark.once("tensorflow")  # about the environment, not the backend
 def test_evaluate_redirected_to_a_file_writes_only_results(run_dir, tmp_path):
     corpus = synthetic_translation(3, seed=9)

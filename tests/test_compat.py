@@ -23,6 +23,7 @@ def test_torch_trace_records_a_function_and_replays_it_on_new_values():
     np.testing.assert_allclose(total.numpy(), [9.0, 9.0, 9.0])
 
 
+@pytest.mark.once("torch")  # argparse, not the backend
 def test_parser_actions_list_options_and_subcommands():
     import argparse
 

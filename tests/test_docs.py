@@ -58,6 +58,7 @@ PAGES_WITH_CODE = [page for page in PAGES
                    if any(label == "python" for label, _, _ in code_blocks(_read(page)))]
 
 
+@pytest.mark.once("jax")  # reads the pages, not the backend
 def test_code_blocks_are_found_with_their_lines():
     text = "# Title\n\n```python\nx = 1\n\ny = 2\n```\n\ntext\n```bash\nls\n```\n```\ntree\n```\n"
     assert code_blocks(text) == [("python", 4, "x = 1\n\ny = 2\n"), ("bash", 11, "ls\n"),
@@ -70,11 +71,13 @@ def test_code_blocks_are_found_with_their_lines():
         code_blocks("```bash\nls\n``` Then the prose.\n```bash\npwd\n```\n")
 
 
+@pytest.mark.once("jax")  # reads the pages, not the backend
 def test_the_readme_and_the_manual_hold_python_blocks():
     assert "README.md" in PAGES_WITH_CODE
     assert any(page.startswith("docs") for page in PAGES_WITH_CODE)
 
 
+@pytest.mark.once("jax")  # reads the pages, not the backend
 @pytest.mark.parametrize("page", PAGES)
 def test_python_code_is_labelled_python(page):
     hidden = [(label, line) for label, line, _ in code_blocks(_read(page))
@@ -101,12 +104,14 @@ def _anchors(path):
             if number not in fenced and (match := _HEADING.match(line))}
 
 
+@pytest.mark.once("jax")  # reads the pages, not the backend
 def test_anchors_follow_github():
     assert anchor("Training on a CPU") == "training-on-a-cpu"
     assert anchor("GPU: `model.fit` in mixed precision (gpu_all.sh)") == \
         "gpu-modelfit-in-mixed-precision-gpu_allsh"
 
 
+@pytest.mark.once("jax")  # reads the pages, not the backend
 @pytest.mark.parametrize("page", PAGES)
 def test_relative_links_lead_somewhere(page):
     """Every link to a file of the repository names a file that exists, and every
@@ -131,6 +136,7 @@ def test_relative_links_lead_somewhere(page):
     assert not broken, f"{page}: " + "; ".join(broken)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [page if page == "README.md" else
                                   pytest.param(page, marks=pytest.mark.once("torch"))
                                   for page in PAGES_WITH_CODE])
@@ -150,6 +156,7 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
                 f"{page}: the python block at line {line} failed: {error!r}") from error
 
 
+@pytest.mark.once("jax")  # reads the pages, not the backend
 def test_the_command_reference_is_the_parsers():
     """docs/commands.md is generated from the parsers
     (`python -m keras_transformer_app.reference > docs/commands.md`): every command, option,
@@ -171,6 +178,7 @@ def test_the_command_reference_is_the_parsers():
                     assert f"`{flag}" in page, (name, flag)
 
 
+@pytest.mark.once("jax")  # reads the pages, not the backend
 def test_the_statements_index_is_the_tests_markers():
     """docs/claims.md lists every `backs` marker of the tests, each quote still on its page
     (`python tests/claims.py > docs/claims.md` writes it)."""

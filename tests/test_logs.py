@@ -26,6 +26,7 @@ def run_python(code, **environment):
                           timeout=120, env=dict(os.environ, **environment))
 
 
+@pytest.mark.once("torch")  # logs and files, not the backend
 @once
 def test_stderr_set_aside_hides_native_lines_unless_the_block_fails():
     code = (
@@ -82,6 +83,7 @@ def test_a_command_line_shows_the_native_logs_when_asked(tmp_path):
     assert NATIVE_LINE.search(result.stderr), result.stderr
 
 
+@pytest.mark.once("torch")  # logs and files, not the backend
 def test_each_sacrebleu_warning_is_shown_once():
     logs.quiet_python_warnings()
     logger = logging.getLogger("sacrebleu")
@@ -95,6 +97,7 @@ def test_each_sacrebleu_warning_is_shown_once():
     assert logger.filter(record("It looks like you forgot to detokenize (test_logs)"))
 
 
+@pytest.mark.once("torch")  # logs and files, not the backend
 def test_bleu_force_turns_the_tokenized_text_warning_off(caplog):
     from keras_transformer.evaluation import bleu_scores
 
@@ -137,6 +140,7 @@ class Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.once("torch")  # logs and files, not the backend
 @pytest.mark.parametrize("stderr, drawn", [(io.StringIO, False), (Terminal, True)])
 def test_progress_bars_go_to_a_terminal_stderr_only(stderr, drawn, monkeypatch):
     out, err = io.StringIO(), stderr()

@@ -229,6 +229,7 @@ def test_cached_decoding_matches_full(overrides):
                                atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["int8", "lora"])
 def test_quantized_and_lora_models_decode_with_the_cache_as_in_the_full_pass(change):
     """A quantized model and one with LoRA weights decode with the cache as in
@@ -371,6 +372,7 @@ def test_save_and_load_give_identical_logits(tmp_path):
     np.testing.assert_array_equal(logits_of(revived, inputs), logits_of(model, inputs))
 
 
+@pytest.mark.slow
 def test_a_compiled_model_loads_compiled_with_its_optimizer_state(tmp_path):
     import warnings
 
@@ -417,6 +419,7 @@ np.save(sys.argv[3], keras.ops.convert_to_numpy(logits))
 NEXT_BACKEND = {"tensorflow": "jax", "jax": "torch", "torch": "tensorflow"}
 
 
+@pytest.mark.slow
 def test_a_saved_file_loads_under_another_backend(tmp_path):
     model = tiny_model(norm_position="pre", position_encoding="learned")
     inputs = batch()

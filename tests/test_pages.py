@@ -1,13 +1,15 @@
 """The pages run as a new user runs them: README.md, then docs/ and the benchmarks' pages,
-every ```bash block in page order in one fresh copy of the checkout (tests/page_walk.py has
-the walk, its substitution tables and the marker of a block that cannot run here).
+every ```bash block in page order in one fresh copy of the checkout per chain of pages that
+build on each other (tests/page_walk.py has the walk, its chains, its substitution tables and
+the marker of a block that cannot run here).
 
-The walk's subject is the program, not a backend (its commands pick their backends, as
-the pages write them): its legs run one in each of the TensorFlow and JAX passes of the suite,
-each in a fresh clone of its own (`page_walk.LEGS`; the benchmarks' leg is walked by hand, see
-there), and the other tests of this file in the torch pass. A failure
-names the page and the line of the block that failed, with the table of what the walk changed
-and the output's end.
+The walk is the suite's second tier (marked `walk`): the README's test command leaves it out,
+and `python -m pytest -q -n 2 --dist loadgroup --walk tests/test_pages.py` runs it alone,
+each chain on one worker (its pages in order, in one clone) and the chains side by side. Its
+subject is the program, not a backend (its commands pick their backends, as the pages write
+them). The benchmarks' chain is walked by hand (see page_walk.py). The other tests of this
+file check the walk itself and run in the torch pass. A failure names the page and the line
+of the block that failed, with the table of what the walk changed and the output's end.
 """
 
 import glob
@@ -72,23 +74,38 @@ def test_a_failing_block_is_named_with_its_line(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def walk(tmp_path_factory):
-    """The fresh checkout, the fresh HOME and the loopback mirror the pages share."""
-    directory = tmp_path_factory.mktemp("walk")
-    checkout, home = directory / "checkout", directory / "home"
-    checkout.mkdir()
-    home.mkdir()
-    page_walk.fresh_checkout(str(checkout))
-    with loopback_http(data_mirror(), lifetime=3600) as mirror:
-        yield str(checkout), page_walk.environment(str(home), mirror)
+def chains(tmp_path_factory):
+    """chain name -> (the chain's fresh checkout, its environment, the pages of it that
+    failed), made on first use: each chain has a clone and a HOME of its own, and the chains
+    share the loopback mirror."""
+    made = {}
+    pages = sum(len(page_walk.CHAINS[name]) for name in page_walk.WALKED_IN_THE_SUITE)
+    with loopback_http(data_mirror(), lifetime=1800 * pages) as mirror:
+        def checkout(name):
+            if name not in made:
+                directory = tmp_path_factory.mktemp(name)
+                checkout, home = directory / "checkout", directory / "home"
+                checkout.mkdir()
+                home.mkdir()
+                page_walk.fresh_checkout(str(checkout))
+                made[name] = str(checkout), page_walk.environment(str(home), mirror), []
+            return made[name]
+
+        yield checkout
 
 
-@pytest.mark.parametrize("page", [pytest.param(page, marks=pytest.mark.once(leg))
-                                  for leg in page_walk.PASSES for page in page_walk.LEGS[leg]])
+@pytest.mark.walk
+@pytest.mark.parametrize("page", [pytest.param(page, marks=pytest.mark.xdist_group(name))
+                                  for name in page_walk.WALKED_IN_THE_SUITE
+                                  for page in page_walk.CHAINS[name]])
 @pytest.mark.backs("README.md", "and of `docs/` runs under `tests/test_pages.py`, page after page")
-def test_the_page_runs(page, walk):
-    directory, env = walk
+def test_the_page_runs(page, chains):
+    directory, env, failed = chains(page_walk.chain_of(page))
+    if failed:
+        pytest.fail(f"{page} builds on {failed[0]}, which failed before it in its chain")
     print(page_walk.table(page))
     run = page_walk.run_page(page, directory, env)
     print(run.output)
+    if run.status != 0:
+        failed.append(page)
     assert run.status == 0, f"{page_walk.table(page)}\n\n{page_walk.failure(run)}"

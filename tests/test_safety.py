@@ -38,6 +38,10 @@ from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.training.averaging import average_checkpoints
 
+# Keras refuses a crafted file while it reads its config, before any backend builds a layer;
+# the TensorFlow pass also has the in-process exports.
+pytestmark = pytest.mark.once("tensorflow")
+
 # What a refusal says; Keras's advice to turn safe mode off must not reach the user.
 REFUSED = "contains code that Keras's safe mode refuses to run"
 NOT_OURS = "It is not a model that keras-transformer's recipes write"

@@ -63,6 +63,7 @@ def test_bad_toy_task_lengths_are_explained():
         copy_task(4, min_sentence_length=3, max_sentence_length=2)
 
 
+@pytest.mark.slow
 @pytest.mark.xla  # the library's own choice: XLA under TensorFlow on a CPU
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_fit_gives_finite_decreasing_loss(policy):
@@ -108,6 +109,7 @@ def trained_on_16_ids():
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["source", "target", "labels"])
 @pytest.mark.backs("docs/troubleshooting.md",
                    "Token ids outside the vocabulary are refused before a compiled step reads them")

@@ -36,6 +36,7 @@ def batches(dataset):
     return [({k: v.numpy() for k, v in x.items()}, y.numpy()) for x, y in dataset]
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_decoder_input_is_labels_shifted_right(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     dataset, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, max_sentence_length=16,
@@ -50,6 +51,7 @@ def test_decoder_input_is_labels_shifted_right(corpus_and_tokenizer):
         assert np.all((y == eos).sum(1) == 1) and np.all((x["source"] == eos).sum(1) == 1)
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_batches_respect_the_token_budget_and_cover_every_pair(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     dataset, stats = make_dataset(corpus.sources, corpus.targets, tokenizer,
@@ -64,6 +66,7 @@ def test_batches_respect_the_token_budget_and_cover_every_pair(corpus_and_tokeni
     assert len(produced) == stats.batches_per_pass
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_overlong_pairs_are_dropped_or_truncated_and_counted(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     long_source = " ".join(corpus.sources[:6])
@@ -77,6 +80,7 @@ def test_overlong_pairs_are_dropped_or_truncated_and_counted(corpus_and_tokenize
     assert max(len(s) for s in kept_sources) <= 16 and kept_sources[-1][-1] == tokenizer.eos_id
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_bad_pipeline_arguments(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     with pytest.raises(ValueError, match="overlong='cut' must be one of"):
@@ -104,6 +108,7 @@ class WordTokenizer:
         return [[self.ids[word] for word in text.split()] for text in texts]
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_special_ids_and_padding_come_from_the_tokenizers():
     source_tokenizer = WordTokenizer(["a", "b", "c"], pad_id=5, bos_id=6, eos_id=7)
     target_tokenizer = WordTokenizer(["x", "y"], pad_id=9, bos_id=1, eos_id=3)
@@ -121,6 +126,7 @@ def test_special_ids_and_padding_come_from_the_tokenizers():
     np.testing.assert_array_equal(y, [[10, 11, 3, 9], [11, 3, 9, 9], [9] * 4, [9] * 4])
 
 
+@pytest.mark.slow
 def test_pipeline_feeds_model_fit(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     dataset, _ = make_dataset(corpus.sources, corpus.targets, tokenizer, max_sentence_length=16,
@@ -136,6 +142,7 @@ def test_pipeline_feeds_model_fit(corpus_and_tokenizer):
     assert not [w for w in caught if "shuffle" in str(w.message)]
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_a_tokenizer_larger_than_the_model_is_refused_before_tokenizing(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     with pytest.raises(ValueError, match=r"train: the source tokenizer has 320 ids, more "
@@ -154,6 +161,7 @@ class OffByOneTokenizer:
         return [[10 if word == "bad" else 3 for word in text.split()] for text in texts]
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_an_id_outside_the_model_vocabulary_names_the_split_the_pair_and_the_id():
     sources, targets = ["a b", "c d", "e bad f"], ["x", "y", "z"]
     with pytest.raises(ValueError, match=r"dev.txt: pair 2 \(counting kept pairs from 0\) has "
@@ -174,6 +182,7 @@ class OneIdPerWordTokenizer:
         return [[3] * len(text.split()) for text in texts]
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_stats_give_the_padding_share_and_the_bucket_shapes():
     # Pair 1: source 1 word + EOS = 2, decoder input BOS + 1 word = 2 -> bucket 8.
     # Pair 2: source 9 words + EOS = 10, decoder input 2 -> bucket 16.
@@ -187,6 +196,7 @@ def test_stats_give_the_padding_share_and_the_bucket_shapes():
         stats.summary()
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_each_process_feeds_its_rows_of_every_global_batch(corpus_and_tokenizer):
     corpus, tokenizer = corpus_and_tokenizer
     arguments = dict(max_sentence_length=16, tokens_per_batch=128, repeat=True, seed=5,
@@ -205,6 +215,7 @@ def test_each_process_feeds_its_rows_of_every_global_batch(corpus_and_tokenizer)
         np.testing.assert_array_equal(y, again_y)
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 def test_each_pass_over_the_pairs_comes_in_a_new_order_made_from_the_seed():
     def order(**arguments):
         return [int(i) for i in pair_order(10, **arguments).take(30)]
@@ -218,6 +229,7 @@ def test_each_pass_over_the_pairs_comes_in_a_new_order_made_from_the_seed():
     assert order(shuffle=True, repeat=False, seed=5) == passes[:10]
 
 
+@pytest.mark.once("torch")  # tf.data and NumPy: the same under every backend
 @pytest.mark.parametrize("shard", [(0, 3), (2, 2), (-1, 2)])
 def test_a_shard_must_take_a_whole_part_of_every_batch(corpus_and_tokenizer, shard):
     corpus, tokenizer = corpus_and_tokenizer

@@ -109,6 +109,7 @@ def test_a_failed_trace_warns_and_decodes_eagerly(monkeypatch):
     assert compiled._TRACE_FAILURES
 
 
+@pytest.mark.slow
 def test_a_model_is_freed_once_its_compiled_searches_are_the_only_thing_left():
     # The compiled searches are cached per model in a weak-keyed cache; a trace that
     # kept the model through its closure kept the model, its traces and the caches

@@ -72,6 +72,7 @@ def model():
     return tiny_model(seed=5, num_layers=1)
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_samples_whatever_the_batch(model):
     source = source_batch(batch_size=4)
     ids, scores = sample_search(model, source, BOS, EOS, seed=11, max_output_length=8)
@@ -88,6 +89,7 @@ def test_the_same_seed_gives_the_same_samples_whatever_the_batch(model):
     assert strip(ids) != others[0] or strip(ids) != others[1]
 
 
+@pytest.mark.slow
 def test_top_k_one_is_greedy_search(model):
     source = source_batch()
     ids, scores = sample_search(model, source, BOS, EOS, top_k=1, seed=3, max_output_length=8)
@@ -105,6 +107,7 @@ def test_scores_are_the_model_log_probability_of_each_sample(model):
         np.testing.assert_allclose(scores[row], expected[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_several_samples_per_sentence(model):
     source = source_batch()
     ids, scores = sample_search(model, source, BOS, EOS, num_return=5, seed=2,

@@ -214,6 +214,7 @@ def test_jax_train_step_scatters_the_embedding_gradient_in_float32(policy):
     assert not [s for s in scatters if s[0] in ("bf16", "f16")], scatters
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="reads a TensorFlow graph")
 def test_tensorflow_train_step_sums_no_gradient_in_the_compute_dtype():
     """TensorFlow's lookup gradient is an IndexedSlices that the optimizer

@@ -60,6 +60,7 @@ def logged_windows(run_dir):
         return [int(row["epoch"]) for row in csv.DictReader(f)]
 
 
+@pytest.mark.slow
 @pytest.mark.backs("docs/training.md", "status 1). Nothing of that window is saved")
 def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite_state(
         tmp_path):

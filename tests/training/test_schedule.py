@@ -42,6 +42,7 @@ def test_cooldown_falls_linearly_to_the_last_step_and_leaves_the_rest_as_eq_3():
     assert rates[-1] > 0  # the last step still trains
 
 
+@pytest.mark.once("jax")  # the arguments' checks and the config, not the backend
 def test_serialization_round_trip():
     schedule = NoamSchedule(d_model=64, warmup_steps=10, scale=0.5, total_steps=100,
                             cooldown_steps=20)
@@ -95,6 +96,7 @@ def test_adams_moments_of_a_repeated_token_are_those_of_its_summed_gradient(jit_
     np.testing.assert_array_equal(v[[0, 2, 4]], 0.0)
 
 
+@pytest.mark.once("jax")  # the arguments' checks and the config, not the backend
 @pytest.mark.parametrize("kwargs, message", [
     (dict(d_model=0), "d_model=0 must be a positive integer"),
     (dict(d_model=512.0), "d_model=512.0 must be a positive integer"),
@@ -112,6 +114,7 @@ def test_bad_arguments_are_explained(kwargs, message):
         NoamSchedule(**kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.backs("docs/library.md", "builds the optimizer before that")
 def test_compile_model_builds_the_optimizer_before_the_first_step():
     import keras_transformer as kt

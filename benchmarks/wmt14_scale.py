@@ -239,11 +239,12 @@ def multi30k_padding(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.pairs is None:
         args.pairs = 50_000 if args.quick else 4_500_000
     if args.pairs < 1:
-        raise SystemExit(f"error: --pairs {args.pairs}: give at least 1 training pair")
+        parser.error(f"--pairs {args.pairs}: give at least 1 training pair")
     args.data_dir = common.fetched_if_cache(args.data_dir)
     folder, run_dir = (os.path.join(args.work_dir, name) for name in ("data", "run"))
     shutil.rmtree(run_dir, ignore_errors=True)

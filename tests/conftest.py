@@ -169,9 +169,9 @@ def pytest_collection_modifyitems(config, items):
         if path in SLOW_FILES or "reversal" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
         markers = _markers(item)
-        if "once" in markers and markers["once"][:1] not in [(name,) for name in BACKENDS]:
-            raise pytest.UsageError(f"{item.nodeid}: once() takes one backend, got "
-                                    f"{markers['once']!r}")
+        if "once" in markers and markers["once"][0] not in BACKENDS:
+            raise pytest.UsageError(f"{item.nodeid}: once() takes a backend, got "
+                                    f"{markers['once'][0]!r}")
         collected[item.nodeid] = markers
         (kept if runs_in(markers, backend, walk) else left_out).append(item)
     config.stash[COLLECTED] = collected

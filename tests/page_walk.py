@@ -6,8 +6,9 @@ serves the model README.md's quickstart trained), so the walk runs the pages of 
 (`CHAINS`) one after the other in one directory, each page's blocks joined into one bash
 script (`set -e`: a command that fails ends its page, with the page and the line of its
 block). The chains do not depend on each other: each runs in a clone of its own, and the
-suite's walk (`python -m pytest -n 2 --walk tests/test_pages.py`) runs them side by side. What
-a page takes from another chain it makes first (`BEFORE`, printed with the page's table).
+suite's walk (`python -m pytest -n 2 --dist loadgroup --walk tests/test_pages.py`: each chain
+an xdist group, all its pages on one worker) runs them side by side. What a page takes from
+another chain it makes first (`BEFORE`, printed with the page's table).
 
 What the walk changes is declared in `SUBSTITUTIONS`, one table per page, printed with each
 run: step counts and sizes (minutes of training become seconds), ports (a free one for

@@ -61,11 +61,11 @@ PAD_ID, BOS_ID, EOS_ID = VOCABULARY.pad_id, VOCABULARY.bos_id, VOCABULARY.eos_id
 def run_script(main):
     """Runs a script's `main` as the process it owns, as the project's command lines
     run: native log lines hidden (`--native-logs` shows them), Ctrl-C and SIGTERM
-    ending it quietly, a mistake one `error:` line (`keras_transformer.cli.errors`).
+    ending it quietly, a mistake one `error:` line (`keras_transformer_app.cli.errors`).
     With `--max-isa`, the process first runs itself again under the cap, from its start,
     so that each engine reads it before it loads (the servers and peers it starts
     inherit it)."""
-    from keras_transformer.cli import errors
+    from keras_transformer_app.cli import errors
 
     isa = max_isa_of(sys.argv[1:])
     if isa in ISA_CAPS and os.environ.get(ISA_CAP_VARIABLE) != isa:

@@ -87,7 +87,7 @@ def argparse_suppress():
 def prepare(args, folder):
     """The de→en training pairs and their two tokenizers, saved in `folder` for the
     children (learned once, in this process)."""
-    from keras_transformer import run_files
+    from keras_transformer import saving
     from keras_transformer.data.corpora import load_multi30k, synthetic_translation
     from keras_transformer.tokenizers import SubwordTokenizer
 
@@ -102,7 +102,7 @@ def prepare(args, folder):
     size = 1000 if args.quick else 8000
     tokenizers = [SubwordTokenizer.train(texts, size) for texts in (train.sources,
                                                                      train.targets)]
-    run_files.save_tokenizers(folder, *tokenizers)
+    saving.save_tokenizers(folder, *tokenizers)
     with open(os.path.join(folder, "pairs.json"), "w", encoding="utf-8") as file:
         json.dump([train.sources, train.targets], file)
 
@@ -112,14 +112,14 @@ def child(args):
     import keras
 
     import keras_transformer as kt
-    from keras_transformer import run_files
+    from keras_transformer import saving
     from keras_transformer.data.pipeline import make_dataset
     from keras_transformer.training.compile import compile_model
 
     folder, loss = args.child.split(",")
     with open(os.path.join(folder, "pairs.json"), encoding="utf-8") as file:
         sources, targets = json.load(file)
-    source_tokenizer, target_tokenizer = run_files.load_tokenizers(folder)
+    source_tokenizer, target_tokenizer = saving.load_tokenizers(folder)
     keras.utils.set_random_seed(0)
     dataset, _ = make_dataset(sources, targets, source_tokenizer, target_tokenizer,
                               repeat=True, verbose=False, **BATCHING)

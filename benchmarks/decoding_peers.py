@@ -172,9 +172,9 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SavedModel's text signatures use its ops)
 
-    from keras_transformer import run_files
-    from keras_transformer.export.tensorflow_process import export_from_any_backend
+    from keras_transformer import saving
     from keras_transformer.tokenizers import WORDPIECE_SPECIAL_TOKENS, SubwordTokenizer
+    from keras_transformer_app.export_process import export_from_any_backend
 
     model_path = os.path.join(directory, "model.keras")
     if not os.path.exists(model_path):
@@ -183,8 +183,8 @@ def saved_model_peer(model, source, directory, beam_size, alpha):
         vocabulary = WORDPIECE_SPECIAL_TOKENS + [
             f"t{i}" for i in range(len(WORDPIECE_SPECIAL_TOKENS),
                                    model.config.resolved_target_vocab_size)]
-        run_files.save_tokenizers(directory, SubwordTokenizer("wordpiece", vocabulary))
-        run_files.save_model(model, model_path)
+        saving.save_tokenizers(directory, SubwordTokenizer("wordpiece", vocabulary))
+        saving.save_model(model, model_path)
     source = tf.constant(np.asarray(source, "int32"))
     signatures = {}
 

@@ -86,7 +86,7 @@ def entry_files(section, root=ROOT):
     files = set()
     for script, recipe, command in COMMAND.findall(section):
         path = (f"benchmarks/{script}.py" if script else f"recipes/{recipe}.py" if recipe
-                else "keras_transformer/cli/__main__.py")
+                else "keras_transformer_app/__main__.py")
         if os.path.exists(os.path.join(root, path)):
             files.add(path)
     return files or None

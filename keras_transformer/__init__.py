@@ -31,8 +31,8 @@ try:
     check_backend_name(os.environ.get("KERAS_BACKEND"))
 except ValueError as _backend_error:
     # Keras itself cannot be imported with this backend name. The package still
-    # imports, so that the command line (keras_transformer.cli) can say so in
-    # one line; using the library raises the same clear error.
+    # imports, so that a program that imports it can say so in one line; using the
+    # library raises the same clear error.
     def __getattr__(name, _error=_backend_error):
         if name in __all__:
             raise ValueError(str(_error)) from None

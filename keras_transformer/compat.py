@@ -19,12 +19,8 @@ on; `tests/test_compat.py` fails when a release changes what it relies on.
   `_name` and `_create_resource`), to give the model resource a name of its content: unnamed,
   a loaded SavedModel with a source and a target tokenizer made them one
   (`keras_transformer.tokenizers`). Tested with keras-hub 0.32.0 and tensorflow-text 2.21.1.
-- `parser_actions`: argparse's `ArgumentParser._actions` and `_SubParsersAction`, to walk the
-  options of a parser and its subcommands (flag names in error messages, path checks of the
-  command line); argparse has no public listing. Tested with Python 3.11.7.
 
-The server stands on asyncio and httptools' public parser API
-(`keras_transformer.serving.protocol`), with nothing of uvicorn's.
+The program's own such use (argparse's list of actions) is `keras_transformer_app.compat`.
 """
 
 
@@ -71,12 +67,3 @@ def name_sentencepiece_resource(layer):
 
     unnamed = layer._sentence_piece._model_resource
     layer._sentence_piece._model_resource = ContentNamedResource(unnamed._model, unnamed._name)
-
-
-def parser_actions(parser):
-    """`[(action, subparsers)]` of an `argparse.ArgumentParser`: each of its actions, with
-    `{command: parser}` for the action of its subcommands and None for any other."""
-    import argparse
-
-    return [(action, action.choices if isinstance(action, argparse._SubParsersAction)
-             else None) for action in parser._actions]

@@ -33,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-from keras_transformer import run_files
+from keras_transformer import saving
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +181,7 @@ def evaluate(
     if hypotheses_path is not None:
         # Written whole or not at all: a kill never leaves half a file.
         hypotheses_path = os.fspath(hypotheses_path)
-        run_files.write_text(hypotheses_path, "".join(text + "\n" for text in hypotheses))
+        saving.write_text(hypotheses_path, "".join(text + "\n" for text in hypotheses))
 
     cased, lowercase = bleu_scores(hypotheses, references, force=bleu_force)
     num_tokens = int(sum(len(result.ids) for result in translations))

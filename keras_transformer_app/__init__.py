@@ -13,7 +13,7 @@ during start-up ending it quietly):
 - the scripts of `benchmarks/`, the same way.
 
 Nothing here imports Keras until a command runs, so that an unknown `KERAS_BACKEND` is
-one line rather than a traceback. The commands themselves are `keras_transformer.cli`.
+one line rather than a traceback. The commands themselves are `keras_transformer_app.cli`.
 """
 
 import os
@@ -24,7 +24,7 @@ from keras_transformer_app import logs
 
 def main(argv=None):
     """Runs `keras-transformer` with `argv` (the process's arguments by default), in a
-    process it owns: set up first, then the command (`keras_transformer.cli.main`).
+    process it owns: set up first, then the command (`keras_transformer_app.cli.main`).
 
     A command that needs the TensorFlow backend under another (`export` of a
     SavedModel under JAX or PyTorch) runs again in this process under TensorFlow
@@ -33,7 +33,7 @@ def main(argv=None):
     (`logs.finished`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     logs.start(native_logs=logs.NATIVE_LOGS_FLAG in argv)
-    from keras_transformer.cli import main as run_command
+    from keras_transformer_app.cli import main as run_command
 
     try:
         status = run_command(argv)

@@ -11,7 +11,7 @@ Hiding them changes the process, so the library never does it: importing and usi
 it leaves TensorFlow's log level, stderr and the import system as they are. The
 project's own entry points (`keras-transformer`, `python -m recipes.NAME`, the
 scripts of `benchmarks/`) own their process and call `start` as their first
-statement, before anything loads TensorFlow; `keras_transformer.cli.errors.command_line`
+statement, before anything loads TensorFlow; `keras_transformer_app.cli.errors.command_line`
 calls `quiet_native_logs` again when their work starts. That sets
 `TF_CPP_MIN_LOG_LEVEL=3` and `GRPC_VERBOSITY=ERROR` (keeping any value the user set),
 puts an import hook in place that loads TensorFlow and its device plugins with file
@@ -79,7 +79,7 @@ def start(native_logs=None):
     benchmark script run as `__main__`) does first, before anything loads Keras or
     TensorFlow: quiets the native logs (`quiet_native_logs`), and ends the process
     quietly on SIGINT (status 130) or SIGTERM (143) until the command installs its
-    own handlers (`keras_transformer.cli.errors.command_line`): nothing has begun
+    own handlers (`keras_transformer_app.cli.errors.command_line`): nothing has begun
     that could be lost. Never called on import: a program that imports the library,
     or this package, keeps its process as it was.
 

@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-from keras_transformer import compat
+from keras_transformer_app import compat
 
 #: The recipes with a parser of their own (`recipes.average` is `keras-transformer average`).
 RECIPES = ("quickstart", "multi30k", "anki", "wmt14", "table3")
@@ -29,7 +29,7 @@ checkout's root (`recipes/` is not installed with the package).
 
 def parsers():
     """`[(command line, parser)]`: `keras-transformer`'s commands, then the recipes'."""
-    from keras_transformer.cli import parser as cli_parser
+    from keras_transformer_app.cli import parser as cli_parser
 
     found = []
 

@@ -6,7 +6,7 @@ splits. Without `--data`, English-Spanish is downloaded on first use (`spa-eng.z
 archive of the keras.io English-to-Spanish Transformer example) and its `spa.txt`
 checked against a pinned sha256 (`keras_transformer.data.downloads`); other
 languages need `--data` (files from www.manythings.org/anki). The run itself is
-`keras_transformer.training.run.run`.
+`keras_transformer_app.training.run.run`.
 
     python -m recipes.anki [--data spa.txt[.gz]] [--direction en-es]
 """
@@ -16,8 +16,8 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 
     start()
 
-from keras_transformer.cli import errors, recipe
-from keras_transformer.cli.options import path, rate, text
+from keras_transformer_app.cli import errors, recipe
+from keras_transformer_app.cli.options import path, rate, text
 
 DEFAULTS = dict(preset="small", vocab_size=8000, max_sentence_length=48, tokens_per_batch=4096,
                 epochs=5.0, checkpoint_every=1000, warmup_steps=1000)
@@ -55,7 +55,7 @@ def main(argv=None):
     options = recipe.run_options(parser, args, name, run_dir=f"runs/{name}")
     from keras_transformer.data.corpora import first_pairs, load_tatoeba
     from keras_transformer.data.downloads import fetch_anki_spa_eng
-    from keras_transformer.training.run import run
+    from keras_transformer_app.training.run import run
 
     splits = load_tatoeba(args.data or fetch_anki_spa_eng(), direction,
                           languages=("en", args.language),

@@ -12,7 +12,7 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 
 import sys
 
-from keras_transformer import cli
+from keras_transformer_app import cli
 
 
 def main(argv=None):

@@ -24,8 +24,8 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 
     start()
 
-from keras_transformer.cli import errors, recipe
-from keras_transformer.cli.options import path
+from keras_transformer_app.cli import errors, recipe
+from keras_transformer_app.cli.options import path
 
 DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=True,
                 max_sentence_length=64, tokens_per_batch=2048, bucket_width=4,
@@ -79,7 +79,7 @@ def main(argv=None):
     args = parse_args(argv, parser)
     name = f"multi30k-{args.direction}"
     options = recipe.run_options(parser, args, name, run_dir=f"runs/{name}")
-    from keras_transformer.training.run import run
+    from keras_transformer_app.training.run import run
 
     return run(load_splits(args), recipe.model_config(args, argv), options)
 

@@ -8,7 +8,7 @@ position. The recipe learns a SentencePiece vocabulary, trains, saves
 `runs/quickstart/model.keras` with its tokenizer, reports exact-match accuracy and
 BLEU of beam search on held-out sentences, and exports a TensorFlow SavedModel to
 `saved_models/quickstart/VERSION/` (version 1 on the first run, the next free version
-after that). The run itself is `keras_transformer.training.run.run`.
+after that). The run itself is `keras_transformer_app.training.run.run`.
 
     python -m recipes.quickstart [--steps 1250] [--precision float32] [--no-export]
 """
@@ -18,8 +18,8 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 
     start()
 
-from keras_transformer.cli import errors, recipe
-from keras_transformer.cli.options import positive_int
+from keras_transformer_app.cli import errors, recipe
+from keras_transformer_app.cli.options import positive_int
 
 DEFAULTS = dict(
     preset="tiny", d_model=128, num_heads=4, d_ff=256, num_layers=2, dropout_rate=0.0,
@@ -47,7 +47,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     options = recipe.run_options(parser, args, "quickstart")
     from keras_transformer.data.corpora import synthetic_translation
-    from keras_transformer.training.run import run
+    from keras_transformer_app.training.run import run
 
     splits = {
         "train": synthetic_translation(args.train_pairs, seed=args.seed + 1),

@@ -26,9 +26,9 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 import argparse
 import os
 
-from keras_transformer.cli import errors, options, recipe
-from keras_transformer.cli.options import positive_float, positive_int, text
 from keras_transformer.config import TABLE3_VARIANT_NAMES, table3_variants
+from keras_transformer_app.cli import errors, options, recipe
+from keras_transformer_app.cli.options import positive_float, positive_int, text
 from recipes import multi30k
 
 DEFAULTS = dict(run_dir="runs/table3", vocab_size=8000, max_sentence_length=64,
@@ -83,9 +83,10 @@ def main(argv=None):
                      f"{', '.join(TABLE3_VARIANT_NAMES)}")
     import keras
 
-    from keras_transformer import TransformerConfig, plots, run_files
-    from keras_transformer.training import variants
-    from keras_transformer.training.vocabulary import learn_or_load_tokenizers
+    from keras_transformer import TransformerConfig, saving
+    from keras_transformer_app import plots
+    from keras_transformer_app.training import variants
+    from keras_transformer_app.training.vocabulary import learn_or_load_tokenizers
 
     keras.utils.set_random_seed(args.seed)
     keras.config.set_dtype_policy(args.precision)  # every variant's model is built under it
@@ -106,8 +107,8 @@ def main(argv=None):
             max_sentence_length=args.max_sentence_length,
             tokens_per_batch=args.tokens_per_batch, beam_size=args.beam_size, alpha=args.alpha,
             eval_limit=args.eval_limit, seed=args.seed, verbose=args.verbose))
-        run_files.write_json(os.path.join(args.run_dir, "results.json"), rows)
-        run_files.write_text(os.path.join(args.run_dir, "results.md"),
+        saving.write_json(os.path.join(args.run_dir, "results.json"), rows)
+        saving.write_text(os.path.join(args.run_dir, "results.md"),
                              variants.markdown(rows) + "\n")
         plots.plot_variants(os.path.join(args.run_dir, "results.png"), rows,
                             title="Table 3 variants on Multi30k, equal training time each")

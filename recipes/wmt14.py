@@ -10,7 +10,7 @@ newstest2013.{en,de} for validation, newstest2014.{en,de} for test, plain or gzi
 or from tensorflow-datasets (downloaded on first use). The training split is
 tokenized once, on every core, into the run directory's token cache; a resumed run
 and every process of a cluster read it back (docs/wmt14.md gives the disk, memory
-and times). The run itself is `keras_transformer.training.run.run`.
+and times). The run itself is `keras_transformer_app.training.run.run`.
 
     # one GPU, base model (the paper used 8 P100s for 12 hours):
     KERAS_BACKEND=jax python -m recipes.wmt14 --config base --precision mixed_bfloat16
@@ -25,8 +25,8 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 
     start()
 
-from keras_transformer.cli import errors, recipe
-from keras_transformer.cli.options import path, positive_int
+from keras_transformer_app.cli import errors, recipe
+from keras_transformer_app.cli.options import path, positive_int
 
 PAPER = {
     "base": dict(preset="base", steps=100_000, keep_checkpoints=5, dropout_rate=0.1),
@@ -77,7 +77,7 @@ def main(argv=None):
     if args.data_dir is not None and args.tfds_dir is not None:
         parser.error("give --data-dir or --tfds-dir, not both")
     from keras_transformer.data.corpus_files import wmt14_splits
-    from keras_transformer.training.run import run
+    from keras_transformer_app.training.run import run
 
     splits = wmt14_splits(args.direction, args.data_dir, args.tfds_dir, args.train_limit)
     return run(splits, recipe.model_config(args, argv), options)

@@ -50,7 +50,7 @@ from helpers import BACKENDS, COLLECTED, built_once, in_ci, runs_in  # noqa: E40
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 import keras_transformer as kt  # noqa: E402
-from keras_transformer import run_files  # noqa: E402
+from keras_transformer import saving  # noqa: E402
 from keras_transformer.data.toy_tasks import ToyVocabulary, reverse_task  # noqa: E402
 
 # Replaces the "ci" profile that recent Hypothesis versions register and load
@@ -118,14 +118,14 @@ SLOW_FILES = ("tests/test_multiprocess.py", "tests/test_signals.py", "tests/test
               # docstring examples that train a tokenizer or compile searches
               "keras_transformer/export/ctranslate2.py",
               "keras_transformer/inference/translator.py", "keras_transformer/inference/beam.py",
-              "keras_transformer/inference/sampling.py", "keras_transformer/plots/attention.py")
+              "keras_transformer/inference/sampling.py", "keras_transformer_app/plots/attention.py")
 
 
 # Docstring examples whose subject does not depend on the backend (BLEU, argument checks,
 # tokenizers, configs, plots of formulas), as if marked once("torch").
 ONCE_DOCTESTS = ("keras_transformer/evaluation.py", "keras_transformer/validation.py",
                  "keras_transformer/tokenizers/__init__.py", "keras_transformer/config.py",
-                 "keras_transformer/data/toy_tasks.py", "keras_transformer/plots/curves.py",
+                 "keras_transformer/data/toy_tasks.py", "keras_transformer_app/plots/curves.py",
                  "tests/helpers.py")
 
 
@@ -269,10 +269,10 @@ def reversal(tmp_path_factory):
         )
         with _OneTorchThread():
             model.fit(inputs, labels, batch_size=128, epochs=12, verbose=0)
-        run_files.save_model(model, folder / "model.keras")
+        saving.save_model(model, folder / "model.keras")
 
     folder = built_once(tmp_path_factory, "reversal", train)
-    model = run_files.load_model(folder / "model.keras")
+    model = saving.load_model(folder / "model.keras")
 
     def held_out(num_examples=128):
         inputs, labels = reverse_task(num_examples, vocabulary=vocabulary,

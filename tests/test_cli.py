@@ -1,6 +1,7 @@
 """Tests of the keras-transformer command line."""
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -12,11 +13,11 @@ import pytest
 from helpers import REPOSITORY, untrained_run_dir
 
 import keras_transformer as kt
-from keras_transformer import cli, run_files
-from keras_transformer.cli import commands
+from keras_transformer import saving
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.inference import Translator
-from keras_transformer_app import logs
+from keras_transformer_app import cli, logs
+from keras_transformer_app.cli import commands
 
 # The command line's own behaviour (its reading, writing, options and messages) is
 # the same under every backend, and runs in the torch pass; the translator under it
@@ -36,7 +37,7 @@ def run_dir(tmp_path_factory):
 def loaded(run_dir):
     """The run's model and tokenizer, loaded once: the tests that hand it to
     the command line share its compiled searches."""
-    model, tokenizer, _ = run_files.load_translation_model(str(run_dir))
+    model, tokenizer, _ = saving.load_translation_model(str(run_dir))
     return model, tokenizer
 
 
@@ -480,7 +481,7 @@ def test_a_compiled_model_loads_without_keras_compile_warning(tmp_path, recwarn)
     model = kt.Transformer(config)
     compile_model(model, config)
     model.save(tmp_path / "model.keras")
-    run_files.load_model(str(tmp_path / "model.keras"))
+    saving.load_model(str(tmp_path / "model.keras"))
     assert not [w for w in recwarn if "compile()" in str(w.message)]
 
 
@@ -502,3 +503,53 @@ def test_evaluate_redirected_to_a_file_writes_only_results(run_dir, tmp_path):
     assert lines[0].startswith("BLEU ") and lines[1].startswith("BLEU lower-cased")
     assert lines[2].startswith("3 sentences in ") and len(lines) == 3
     assert not re.search(r"[\x1b\b\r]", result.stderr)  # stderr is no terminal either
+
+
+# What the parser must not load: the library, Keras, a backend, the server's parser,
+# CTranslate2 (a command imports what it needs when it runs).
+HEAVY = {"keras_transformer", "keras", "keras_hub", "tensorflow", "jax", "torch", "httptools",
+         "ctranslate2", "numpy"}
+PARSE_IN_A_FRESH_PROCESS = """
+import json, sys
+from keras_transformer_app import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exit:
+    status = exit.code
+loaded = sorted({name.split(".")[0] for name in sys.modules} & set(json.loads(HEAVY)))
+print(json.dumps([status, loaded]), file=sys.__stderr__)
+"""
+
+
+@command_line_only
+@pytest.mark.parametrize("argv, status", [
+    (["--help"], 0), (["translate", "--help"], 0), (["evaluate", "--help"], 0),
+    (["plot", "attention", "--help"], 0), (["average", "--help"], 0), (["export", "--help"], 0),
+    (["serve", "--help"], 0), ([], 2), (["translate", "m", "s", "--beam-size", "0"], 2),
+    (["export", "m", "out", "--quantization", "int4"], 2), (["serve", "m", "--bogus"], 2),
+    (["average", "a.keras", "--run-dir", "r"], 2),
+])
+def test_the_parser_answers_without_loading_the_library_or_a_backend(argv, status):
+    code = PARSE_IN_A_FRESH_PROCESS.replace("json.loads(HEAVY)", repr(sorted(HEAVY)))
+    result = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPOSITORY,
+                            capture_output=True, text=True, timeout=60)
+    assert json.loads(result.stderr.strip().splitlines()[-1]) == [status, []], result.stderr
+
+
+@command_line_only
+def test_the_parsers_copies_of_the_librarys_names_agree_with_it():
+    from keras_transformer import backend
+    from keras_transformer.export.ctranslate2 import QUANTIZATIONS
+    from keras_transformer.inference.ctranslate2 import COMPUTE_TYPES
+    from keras_transformer_app.cli import errors, options
+
+    assert options.COMPUTE_TYPES == COMPUTE_TYPES and options.QUANTIZATIONS == QUANTIZATIONS
+    assert errors.BACKENDS == backend.BACKENDS
+    with pytest.raises(ValueError) as library_error:
+        backend.check_backend_name("tensorflw")
+    with pytest.raises(SystemExit), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KERAS_BACKEND", "tensorflw")
+        stderr = io.StringIO()
+        patch.setattr(sys, "stderr", stderr)
+        errors.check_backend()
+    assert stderr.getvalue() == f"error: {library_error.value}\n"

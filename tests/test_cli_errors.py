@@ -12,10 +12,10 @@ import sys
 import pytest
 from helpers import REPOSITORY, shared_data, untrained_run_dir
 
-from keras_transformer import cli
-from keras_transformer.cli import errors
-from keras_transformer.training.distribution import PeerLostError
-from keras_transformer.training.fit import NonFiniteLossError
+from keras_transformer_app import cli
+from keras_transformer_app.cli import errors
+from keras_transformer_app.training.distribution import PeerLostError
+from keras_transformer_app.training.fit import NonFiniteLossError
 from recipes import anki, multi30k, quickstart, table3
 
 # The command lines' handling of a mistake does not depend on the backend (the export's
@@ -295,8 +295,8 @@ def test_a_mistake_the_exports_tensorflow_process_finds_is_one_line(run_dir, tmp
 
 
 def test_a_beam_wider_than_a_few_dozen_is_taken_with_a_warning(capsys):
-    from keras_transformer.cli.options import WIDE_BEAM
-    from keras_transformer.cli.parser import build_parser
+    from keras_transformer_app.cli.options import WIDE_BEAM
+    from keras_transformer_app.cli.parser import build_parser
 
     parser = build_parser()
     for command in (["translate", "run", "hello"], ["evaluate", "run", "--source", "a",

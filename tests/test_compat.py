@@ -1,12 +1,14 @@
-"""keras_transformer/compat.py: what the project relies on beyond its dependencies' stable public
-API still holds in the versions installed. A release that changes it fails here, by name, before
-the server's or the search's own tests fail in its consequences."""
+"""keras_transformer/compat.py and keras_transformer_app/compat.py: what the project relies
+on beyond its dependencies' stable public API still holds in the versions installed. A release
+that changes it fails here, by name, before the server's or the search's own tests fail in its
+consequences."""
 
 import keras
 import numpy as np
 import pytest
 
 from keras_transformer import compat
+from keras_transformer_app import compat as program_compat
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's tracer")
@@ -32,11 +34,11 @@ def test_parser_actions_list_options_and_subcommands():
     commands = parser.add_subparsers(dest="command")
     translate = commands.add_parser("translate")
     translate.add_argument("--beam-size", type=int)
-    actions = compat.parser_actions(parser)
+    actions = program_compat.parser_actions(parser)
     assert [a.dest for a, sub in actions if sub is None] == ["help", "top"]
     [(_, subparsers)] = [(a, sub) for a, sub in actions if sub is not None]
     assert subparsers == {"translate": translate}
-    assert "beam_size" in [a.dest for a, _ in compat.parser_actions(translate)]
+    assert "beam_size" in [a.dest for a, _ in program_compat.parser_actions(translate)]
 
 
 def test_an_emptied_keras_variable_is_filled_again_and_a_full_one_kept():

@@ -102,7 +102,7 @@ def project_command(argv):
         return "keras-transformer", argv[1:]
     if argv[0] in ("python", "python3") and len(argv) > 1:
         if argv[1] == "-m" and len(argv) > 2:
-            if argv[2] in ("keras_transformer_app", "keras_transformer.cli"):
+            if argv[2] in ("keras_transformer_app", "keras_transformer_app.cli"):
                 return "keras-transformer", argv[3:]
             if argv[2].startswith("recipes."):
                 return argv[2], argv[3:]
@@ -137,7 +137,7 @@ def parse(entry_point, arguments):
     """Parses `arguments` as `entry_point` would, paths unchecked; raises
     SystemExit on a mistake."""
     if entry_point == "keras-transformer":
-        from keras_transformer.cli import parser
+        from keras_transformer_app.cli import parser
 
         return parser.parse_args(arguments, check_paths=False)
     if entry_point.startswith("recipes."):

@@ -136,8 +136,14 @@ def test_relative_links_lead_somewhere(page):
     assert not broken, f"{page}: " + "; ".join(broken)
 
 
+# Pages whose blocks run under every backend: the README's snippet, and the library's page
+# (its own model from the blocks, a loaded model trained on, `Translator`); the other
+# pages' blocks run once.
+ON_EVERY_BACKEND = ("README.md", "docs/library.md")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("page", [page if page == "README.md" else
+@pytest.mark.parametrize("page", [page if page in ON_EVERY_BACKEND else
                                   pytest.param(page, marks=pytest.mark.once("torch"))
                                   for page in PAGES_WITH_CODE])
 def test_python_blocks_run(page, tmp_path, monkeypatch):
@@ -161,8 +167,7 @@ def test_the_command_reference_is_the_parsers():
     """docs/commands.md is generated from the parsers
     (`python -m keras_transformer_app.reference > docs/commands.md`): every command, option,
     default and help text there is the parsers' own."""
-    from keras_transformer import compat
-    from keras_transformer_app import reference
+    from keras_transformer_app import compat, reference
 
     with open(os.path.join(REPOSITORY, "docs", "commands.md"), encoding="utf-8") as file:
         page = file.read()
@@ -192,3 +197,28 @@ def test_the_statements_index_is_the_tests_markers():
     assert _read("docs/claims.md") == claims.index(), (
         "docs/claims.md differs from the tests' markers: run `python tests/claims.py > "
         "docs/claims.md`")
+
+
+@pytest.mark.once("jax")  # reads the pages, not the backend
+def test_the_paper_pages_modules_are_where_it_says():
+    """docs/paper.md names each module by its path under keras_transformer/, or under
+    keras_transformer_app/ where it starts with app/: each is there, and each module of
+    both packages is named (its folder, at least)."""
+    page = _read("docs/paper.md")
+    cells = re.findall(r"(?<=\|) ((?:`[^`]+`(?:, )?)+) (?=\|)", page)  # cells of paths alone
+    named = {name for cell in cells
+             for name in re.findall(r"`((?:app/)?[a-z_0-9/]+(?:\.py|/))`", cell)}
+    where = {name: os.path.join(REPOSITORY, "keras_transformer_app", name[len("app/"):])
+             if name.startswith("app/") else os.path.join(REPOSITORY, "keras_transformer", name)
+             for name in named}
+    assert [name for name, path in where.items() if not os.path.exists(path)] == []
+    modules = [os.path.relpath(path, REPOSITORY) for package in ("keras_transformer",
+                                                                 "keras_transformer_app")
+               for path in glob.glob(os.path.join(REPOSITORY, package, "**", "*.py"),
+                                     recursive=True)]
+    shown = {os.path.relpath(path, REPOSITORY) + ("/" if path.endswith("/") else "")
+             for path in where.values()}
+    unnamed = [module for module in modules
+               if os.path.basename(module) not in ("__init__.py", "__main__.py")
+               and module not in shown and os.path.dirname(module) + "/" not in shown]
+    assert unnamed == []

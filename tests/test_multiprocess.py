@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 from helpers import REPOSITORY
 
-from keras_transformer import run_files
+from keras_transformer import saving
+from keras_transformer_app import run_files
 
 BACKEND = keras.backend.backend()
 # The one-process run's devices, and each of the two processes' (TensorFlow's
@@ -41,12 +42,12 @@ LIMIT = 600  # seconds a run of the tests' processes may take
 SCRIPT = r"""
 import json, sys
 run_dir, steps, every, devices, validation = sys.argv[1:]
-from keras_transformer.training import distribution
+from keras_transformer_app.training import distribution
 if int(devices):
     distribution.virtual_cpu_devices(int(devices))
 from keras_transformer import TransformerConfig
 from keras_transformer.data.corpora import synthetic_translation
-from keras_transformer.training.run import RunOptions, run
+from keras_transformer_app.training.run import RunOptions, run
 
 config = TransformerConfig.tiny(vocab_size=320, d_model=32, d_ff=64, num_heads=2, num_layers=1,
                                 warmup_steps=10, dropout_rate=0.0)
@@ -160,7 +161,7 @@ def test_two_processes_train_like_one_process_on_the_same_global_batches(tmp_pat
     # (softmax ignores a constant added to every score of a query), and Adam scales the
     # rounding noise that stands for it, which differs with the order of the sums, to
     # full-size steps.
-    models = [run_files.load_model(run_files.path(d, run_files.MODEL)) for d in (one, two)]
+    models = [saving.load_model(run_files.path(d, saving.MODEL)) for d in (one, two)]
     compared = 0
     for a, b in zip(*(model.weights for model in models)):
         if not a.path.endswith("key/bias"):
@@ -197,7 +198,7 @@ def test_a_killed_process_stops_the_other_and_the_same_commands_resume(tmp_path,
         assert "Task 1 heartbeat timeout" in output or "unhealthy" in output, output[-3000:]
     else:
         assert "PeerLostError: Lost worker 1 of TF_CONFIG" in output, output[-3000:]
-    backed_up = run_files.read_json(state)["step"]
+    backed_up = saving.read_json(state)["step"]
     assert 4 <= backed_up < 24
 
     environments = cluster_environments()
@@ -205,14 +206,14 @@ def test_a_killed_process_stops_the_other_and_the_same_commands_resume(tmp_path,
     (status, output), (other_status, other_output) = finish(chief), finish(other)
     assert status == 0 and other_status == 0, (output[-3000:], other_output[-3000:])
     assert f"Trained to step 24 ({24 - backed_up} steps in this run)" in output
-    assert run_files.read_json(run_files.path(run_dir, run_files.RESULTS))["steps"] == 24
+    assert saving.read_json(run_files.path(run_dir, run_files.RESULTS))["steps"] == 24
 
 
 ALONE = r"""
 import sys
-from keras_transformer.training import distribution
+from keras_transformer_app.training import distribution
 distribution.JOIN_TIMEOUT = 5  # the 5 minutes of the page, shortened
-from keras_transformer.cli import errors
+from keras_transformer_app.cli import errors
 from recipes import quickstart
 errors.guarded(quickstart.main)
 """

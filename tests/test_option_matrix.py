@@ -8,7 +8,7 @@ with one `error:` line that names the option (its flag, never the library's Pyth
 for it), exit status 2, no traceback, and no file written. The matrix is generated, so an
 option added later is covered without a test of its own; an option of a type the matrix
 does not know fails `test_every_option_has_a_type_the_matrix_knows` until it is given a
-checked type (`keras_transformer.cli.options`).
+checked type (`keras_transformer_app.cli.options`).
 
 The commands run in-process; a bad value that is not refused would reach the command's
 work, which is replaced here by a stop that fails the test (`ReachedTheWork`).
@@ -22,8 +22,8 @@ import sys
 import pytest
 from helpers import untrained_run_dir
 
-from keras_transformer.cli import errors, options
-from keras_transformer.cli import parser as cli_parser
+from keras_transformer_app.cli import errors, options
+from keras_transformer_app.cli import parser as cli_parser
 
 pytestmark = pytest.mark.once("torch")
 
@@ -166,11 +166,11 @@ def stopped_work(monkeypatch):
     def stop(*args, **kwargs):
         raise ReachedTheWork()
 
-    from keras_transformer.cli import commands
-    from keras_transformer.cli import translate as translate_command
     from keras_transformer.data import corpora
-    from keras_transformer.training import run, vocabulary
     from keras_transformer_app import logs
+    from keras_transformer_app.cli import commands
+    from keras_transformer_app.cli import translate as translate_command
+    from keras_transformer_app.training import run, vocabulary
 
     for module, name in ((commands, "load_translator"), (translate_command, "run"),
                          (commands, "plot"), (commands, "average"), (commands, "export"),
@@ -188,7 +188,7 @@ def run_command(name, argv):
         module = importlib.import_module(f"recipes.{name}")
         errors.guarded(module.main, argv)
     else:
-        from keras_transformer import cli
+        from keras_transformer_app import cli
 
         cli.main(argv)
 

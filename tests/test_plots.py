@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from helpers import CharTokenizer, tiny_model
 
-from keras_transformer import plots
 from keras_transformer.inference import Translator
-from keras_transformer.plots import canvas
+from keras_transformer_app import plots
+from keras_transformer_app.plots import canvas
 
 # What is tested here does not depend on the backend: it runs in one pass.
 pytestmark = pytest.mark.once("torch")

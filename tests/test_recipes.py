@@ -15,13 +15,13 @@ import pytest
 from helpers import REPOSITORY, data_mirror, loopback_http, shared_data
 
 import keras_transformer as kt
-from keras_transformer import run_files as run_dir_files
-from keras_transformer.cli import recipe
+from keras_transformer import saving
 from keras_transformer.data import downloads
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.export.versions import read_metadata
-from keras_transformer.training.run import cooldown_steps
-from keras_transformer.training.vocabulary import learn_or_load_tokenizers
+from keras_transformer_app.cli import recipe
+from keras_transformer_app.training.run import cooldown_steps
+from keras_transformer_app.training.vocabulary import learn_or_load_tokenizers
 from recipes import anki, average, multi30k, quickstart, table3, wmt14
 
 # The recipes are thin scripts over `run` (tests/training/test_run.py trains it on every
@@ -106,7 +106,7 @@ def test_quickstart_smoke_run_trains_saves_and_evaluates(tmp_path):
     assert "bleu" in results["averaged"]
     # The export is the run's model: model.keras, not the averaged one.
     metadata = read_metadata(results["saved_model"])
-    exported_model = run_dir_files.load_model(os.path.join(run_dir, "model.keras"))
+    exported_model = saving.load_model(os.path.join(run_dir, "model.keras"))
     assert metadata["config"] == exported_model.config.to_dict()
     assert os.path.exists(os.path.join(run_dir, "test_hypotheses_averaged.txt"))
     assert [row["epoch"] for row in read_log(run_dir)] == ["0", "1"]
@@ -165,7 +165,7 @@ def test_validation_curve_and_alpha_tuning_use_the_validation_split(tmp_path, ca
     assert tuning["bleu_lowercase"][str(tuning["alpha"])] == max(
         tuning["bleu_lowercase"].values())
     assert results["alpha"] == results["averaged"]["alpha"] == tuning["alpha"]
-    from keras_transformer import cli
+    from keras_transformer_app import cli
 
     output = str(tmp_path / "validation.png")
     cli.main(["plot", "validation", run_dir, "--output", output])
@@ -174,7 +174,7 @@ def test_validation_curve_and_alpha_tuning_use_the_validation_split(tmp_path, ca
 
 @pytest.mark.backs("docs/training.md", "same command with a lower `--lr-scale` resumes from the")
 def test_a_run_stopped_by_a_nan_loss_resumes_with_a_lower_lr_scale(tmp_path):
-    from keras_transformer.training.fit import NonFiniteLossError
+    from keras_transformer_app.training.fit import NonFiniteLossError
 
     command = ["--run-dir", str(tmp_path / "run"), "--checkpoint-every", "3",
                "--train-pairs", "200", "--test-pairs", "4", "--vocab-size", "320",
@@ -420,9 +420,10 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 
 KILL_AT = """
 import os, signal, sys
-from keras_transformer import evaluation, run_files
+from keras_transformer import evaluation
+from keras_transformer import saving
 from keras_transformer.export import saved_model as export
-from keras_transformer.cli import errors
+from keras_transformer_app.cli import errors
 from recipes import quickstart
 
 def die(*args, **kwargs):
@@ -431,14 +432,14 @@ def die(*args, **kwargs):
 phase, argv = sys.argv[1], sys.argv[2:]
 if phase in ("saved", "averaged"):
     # Killed inside the atomic save: the temporary file is written, not renamed.
-    save_model, name = run_files.save_model, {"saved": "model.keras",
+    save_model, name = saving.save_model, {"saved": "model.keras",
                                             "averaged": "model_averaged.keras"}[phase]
     def save_then_die(model, path):
         if os.path.basename(path) != name:
             return save_model(model, path)
         model.save(os.path.join(os.path.dirname(path), f".partial-{os.getpid()}-{name}"))
         die()
-    run_files.save_model = save_then_die
+    saving.save_model = save_then_die
 elif phase == "evaluated":
     evaluation.evaluate = die
 elif phase == "exported":
@@ -471,7 +472,7 @@ def test_a_run_killed_in_any_phase_finishes_with_the_same_command_without_traini
             assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
         # Trained once, in the first run; the later ones resume after it.
         assert ("Trained 6 steps" in result.stdout) == (phase == "saved"), result.stdout
-        results = run_dir_files.read_json(os.path.join(run_dir, "results.json"))
+        results = saving.read_json(os.path.join(run_dir, "results.json"))
         assert results["steps"] == 6
         assert results["phases"][:len(done)] == done
         done = results["phases"]
@@ -483,7 +484,7 @@ def test_a_run_killed_in_any_phase_finishes_with_the_same_command_without_traini
     assert not [name for name in os.listdir(run_dir) if name.startswith(".partial-")]
     # Every model file of the run loads.
     for name in ("model.keras", "model_averaged.keras"):
-        run_dir_files.load_model(os.path.join(run_dir, name))
+        saving.load_model(os.path.join(run_dir, name))
 
     # Nothing is left to do: a further run only reports.
     again = subprocess.run([sys.executable, "-m", "recipes.quickstart"] + arguments,

@@ -2,7 +2,7 @@
 
 A `.keras` file is a zip of config.json, metadata.json and model.weights.h5, and its config
 names what Keras builds. Each test lays out a run directory as a recipe does (the tokenizer
-saved with `run_files.save_tokenizers`, the model as `model.keras`) whose model is crafted to
+saved with `saving.save_tokenizers`, the model as `model.keras`) whose model is crafted to
 run code when loaded; running it writes a side-effect file, which must not exist afterwards:
 
 * `lambda`: a Lambda layer holding Python bytecode, saved by Keras itself
@@ -33,10 +33,11 @@ import keras
 import pytest
 from helpers import REPOSITORY, tiny_model
 
-from keras_transformer import cli, run_files
+from keras_transformer import saving
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.tokenizers import SubwordTokenizer
-from keras_transformer.training.averaging import average_checkpoints
+from keras_transformer_app import cli, run_files
+from keras_transformer_app.training.averaging import average_checkpoints
 
 # Keras refuses a crafted file while it reads its config, before any backend builds a layer;
 # the TensorFlow pass also has the in-process exports.
@@ -66,8 +67,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def transformer_file(tmp_path_factory, tokenizer):
     """A `model.keras` as the recipes write it: the base of the `module_class` file."""
-    path = str(tmp_path_factory.mktemp("base") / run_files.MODEL)
-    run_files.save_model(tiny_model(vocab_size=tokenizer.vocab_size, seed=0, num_layers=1), path)
+    path = str(tmp_path_factory.mktemp("base") / saving.MODEL)
+    saving.save_model(tiny_model(vocab_size=tokenizer.vocab_size, seed=0, num_layers=1), path)
     return path
 
 
@@ -111,8 +112,8 @@ def crafted(request, tmp_path, tokenizer, transformer_file, monkeypatch):
     crafted file; the payload module, if any, is importable (on `sys.path` and
     `PYTHONPATH`), so only refusing to import it keeps it from running."""
     run = tmp_path / "run"
-    run_files.save_tokenizers(str(run), tokenizer)
-    model_path = run_files.path(str(run), run_files.MODEL)
+    saving.save_tokenizers(str(run), tokenizer)
+    model_path = run_files.path(str(run), saving.MODEL)
     side_effect = str(tmp_path / "side_effect.txt")
     if request.param == "lambda":
         write_lambda_model(model_path, side_effect)
@@ -182,7 +183,7 @@ def export_command(run, model_path, tmp_path, capsys):
 
 def load_translation_model(run, model_path, tmp_path, capsys):
     with pytest.raises(ValueError) as error:
-        run_files.load_translation_model(model_path)
+        saving.load_translation_model(model_path)
     return str(error.value)
 
 
@@ -225,9 +226,9 @@ def test_every_loader_refuses_a_crafted_file_and_runs_none_of_its_code(
 @pytest.mark.once("torch")  # another backend than TensorFlow's; which one does not matter
 def test_an_export_from_another_backend_refuses_in_its_tensorflow_process(tmp_path, tokenizer):
     run = tmp_path / "run"
-    run_files.save_tokenizers(str(run), tokenizer)
+    saving.save_tokenizers(str(run), tokenizer)
     side_effect = str(tmp_path / "side_effect.txt")
-    write_lambda_model(run_files.path(str(run), run_files.MODEL), side_effect)
+    write_lambda_model(run_files.path(str(run), saving.MODEL), side_effect)
     try:
         # The command line runs itself again under TensorFlow, which refuses in one line.
         result = subprocess.run(
@@ -279,7 +280,7 @@ def test_the_payload_module_runs_its_code_when_imported(tmp_path, monkeypatch):
 def legacy_run(tmp_path, tokenizer):
     """A run directory whose model is a legacy HDF5 file, with the Lambda payload."""
     run = tmp_path / "run"
-    run_files.save_tokenizers(str(run), tokenizer)
+    saving.save_tokenizers(str(run), tokenizer)
     side_effect = str(tmp_path / "side_effect.txt")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Keras says that .h5 is a legacy format
@@ -295,8 +296,8 @@ def export_into(path, tmp_path):
 
 
 @pytest.mark.parametrize("loader", [
-    lambda path, tmp_path: run_files.load_model(path),
-    lambda path, tmp_path: run_files.load_translation_model(path),
+    lambda path, tmp_path: saving.load_model(path),
+    lambda path, tmp_path: saving.load_translation_model(path),
     lambda path, tmp_path: average_checkpoints([path]),
     export_into,
 ], ids=["load_model", "load_translation_model", "average_checkpoints", "export_saved_model"])
@@ -324,7 +325,7 @@ def test_an_h5_file_named_keras_is_not_read_as_h5(legacy_run):
     renamed = str(run / "model.keras")
     os.rename(path, renamed)
     with pytest.raises(ValueError, match="truncated or not a .keras file"):
-        run_files.load_translation_model(str(run))
+        saving.load_translation_model(str(run))
     assert not os.path.exists(side_effect)
 
 
@@ -335,6 +336,6 @@ def test_folders_and_remote_paths_are_not_model_files(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text("{}")  # Keras would read this folder as a model
     with pytest.raises(ValueError, match="is a folder, not a .keras file"):
-        run_files.load_model(str(folder))
+        saving.load_model(str(folder))
     with pytest.raises(FileNotFoundError, match="No model at 'hf://someone/model.keras'"):
-        run_files.load_model("hf://someone/model.keras")  # never downloaded
+        saving.load_model("hf://someone/model.keras")  # never downloaded

@@ -10,7 +10,7 @@ every backend but for two places: the tests run in the PyTorch pass (under PyTor
 as under JAX, `export` runs itself again under TensorFlow in the same process, where the
 signal must reach it), but for training and translating, which run in the JAX pass:
 there a signal can come while a step copies JAX arrays to the host or while JAX's garbage-collector
-callback runs (keras_transformer/training/interruptions.py and cli/errors.py handle
+callback runs (keras_transformer_app/training/interruptions.py and cli/errors.py handle
 both; a SIGTERM once went unanswered there, under JAX only).
 """
 
@@ -119,7 +119,7 @@ def run_dir(tmp_path_factory):
 # raises there is dropped by Python, and the command must end all the same.
 SIGNALLED_IN_A_COLLECTION = """
 import gc, signal, sys, time
-from keras_transformer.cli import errors
+from keras_transformer_app.cli import errors
 
 def signalled_in_a_collection(phase, info):
     gc.callbacks.remove(signalled_in_a_collection)
@@ -204,10 +204,10 @@ def test_training(signal_name, tmp_path):
     status, lines = command.interrupt(signal_name)
     check_ended(command, signal_name, status, lines)
     assert partial_files(run) == []
-    from keras_transformer import run_files
+    from keras_transformer import saving
 
     for name in os.listdir(checkpoints):
-        run_files.load_model(str(checkpoints / name))  # every checkpoint left is whole
+        saving.load_model(str(checkpoints / name))  # every checkpoint left is whole
 
 
 @pytest.mark.parametrize("signal_name", SIGNALS)
@@ -291,8 +291,9 @@ def test_serving_while_the_first_version_loads(saved_model):
 
 SIGTERM_BEFORE_THE_LOOP_TURNS = """
 import os, signal, sys
-from keras_transformer.cli import errors
-from keras_transformer.serving import ServerOptions, TranslationServer
+from keras_transformer_app.cli import errors
+from keras_transformer_app.serving.options import ServerOptions
+from keras_transformer_app.serving.server import TranslationServer
 
 server = TranslationServer(sys.argv[1], ServerOptions(port=0))
 bind_and_load = server._bind_and_load
@@ -321,7 +322,7 @@ def test_a_sigterm_before_the_event_loop_runs_stops_the_server_gracefully(saved_
 
 A_SIGNAL_AROUND_THE_PUBLISHING_RENAME = """
 import os, signal, sys
-from keras_transformer.cli import commands, errors, parser
+from keras_transformer_app.cli import commands, errors, parser
 from keras_transformer.export import saved_model, versions
 
 base, published = sys.argv[1], sys.argv[2] == "after"
@@ -362,14 +363,14 @@ def test_a_signal_after_the_version_is_published_ends_the_export_with_0(tmp_path
 
 SERVE_WHILE_A_VERSION_WARMS_UP = """
 import concurrent.futures, signal, sys, threading, time
-from keras_transformer import serving
-from keras_transformer.cli import commands, errors, parser
+from keras_transformer_app.cli import commands, errors, parser
+from keras_transformer_app.serving import server
 
 # A warm-up under way: replay_warmup_requests runs on a ThreadPoolExecutor, whose
 # threads an ending interpreter waits for.
 pool = concurrent.futures.ThreadPoolExecutor(1)
 pool.submit(time.sleep, 600)
-serving.serve = lambda base_path, options: signal.SIGTERM  # the graceful shutdown's answer
+server.serve = lambda base_path, options: signal.SIGTERM  # the graceful shutdown's answer
 args = parser.build_parser().parse_args(["serve", sys.argv[1]])
 with errors.command_line():
     commands.serve(args)

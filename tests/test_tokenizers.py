@@ -10,7 +10,8 @@ from helpers import REPOSITORY
 
 from keras_transformer import tokenizers
 from keras_transformer.data.corpora import synthetic_translation
-from keras_transformer.tokenizers import SubwordTokenizer, sentencepiece_trainer
+from keras_transformer.tokenizers import SubwordTokenizer
+from keras_transformer_app.training import sentencepiece_trainer
 
 # What is tested here does not depend on the backend: it runs in one pass.
 pytestmark = pytest.mark.once("torch")
@@ -161,28 +162,33 @@ def test_corrupted_vocabulary_is_reported_as_such(tmp_path):
 
 def test_a_vocabulary_too_large_for_the_text_names_the_size_that_works(capfd, monkeypatch):
     """The size the message names trains, the one above it is refused, and none of
-    SentencePiece's log lines is shown where a command line quiets them (a library
-    import leaves the host's stderr alone, see tests/test_imports.py)."""
+    SentencePiece's log lines is shown where a command line quiets them, as a training
+    run learns (the library leaves the host's stderr alone: tests/test_logs.py)."""
     from keras_transformer_app import logs
 
     monkeypatch.setattr(logs, "_QUIET", True)
     corpus = synthetic_translation(60, seed=0)
+    in_a_child = sentencepiece_trainer.sentence_piece_proto  # as a training run learns
     with pytest.raises(ValueError, match=r"at most (\d+) tokens") as error:
-        SubwordTokenizer.train(corpus.sources, 5000)
+        SubwordTokenizer.train(corpus.sources, 5000, sentence_piece_trainer=in_a_child)
     largest = int(error.value.args[0].split("at most ")[1].split()[0])
     assert "--vocab-size" in str(error.value)
-    assert SubwordTokenizer.train(corpus.sources, largest).vocab_size == largest
+    assert SubwordTokenizer.train(corpus.sources, largest,
+                                  sentence_piece_trainer=in_a_child).vocab_size == largest
     with pytest.raises(ValueError, match=f"at most {largest} tokens"):
-        SubwordTokenizer.train(corpus.sources, largest + 1)
+        SubwordTokenizer.train(corpus.sources, largest + 1, sentence_piece_trainer=in_a_child)
     assert "trainer_interface" not in capfd.readouterr().err
+    with pytest.raises(ValueError, match=f"at most {largest} tokens"):  # the library's own
+        SubwordTokenizer.train(corpus.sources, largest + 1)
 
 
 @pytest.mark.parametrize("lowercase", [False, True])
-def test_sentencepiece_learns_keras_hubs_model_in_a_process_of_its_own(lowercase, monkeypatch):
-    """The trainer runs in a child process (what it allocates goes back to the system
-    when that ends) and learns, byte for byte, the model keras-hub's
-    compute_sentence_piece_proto learns in this one: sentences with a newline and
-    outside ASCII included."""
+def test_sentencepiece_learns_keras_hubs_model_here_and_in_the_programs_child(lowercase,
+                                                                         monkeypatch):
+    """The library learns in its caller's process, as keras-hub's
+    compute_sentence_piece_proto does, and the same model byte for byte: sentences
+    with a newline and outside ASCII included. The program's trainer learns it again
+    in a child process (what it allocates goes back to the system when that ends)."""
     import keras_hub
 
     texts = TEXTS + ["a line\nwith a newline", "ünïcödé ✓ 漢字", "tab\tseparated"]
@@ -191,16 +197,21 @@ def test_sentencepiece_learns_keras_hubs_model_in_a_process_of_its_own(lowercase
     monkeypatch.setattr(subprocess, "Popen",
                         lambda *a, **k: children.append(a) or popen(*a, **k))
     ours = SubwordTokenizer.train(texts, 120, lowercase=lowercase)
-    assert len(children) == 1
+    assert children == []
     theirs = keras_hub.tokenizers.compute_sentence_piece_proto(
         tokenizers._text_dataset(texts), 120, model_type="bpe", lowercase=lowercase)
     assert ours._vocabulary == theirs
+    in_a_child = SubwordTokenizer.train(
+        texts, 120, lowercase=lowercase,
+        sentence_piece_trainer=sentencepiece_trainer.sentence_piece_proto)
+    assert len(children) == 1 and in_a_child._vocabulary == theirs
 
 
 def test_a_trainer_that_ends_without_a_model_is_an_error(monkeypatch):
     monkeypatch.setattr(sentencepiece_trainer, "_TRAINER", "import sys; sys.exit(3)")
     with pytest.raises(RuntimeError, match="ended with status 3 and no model"):
-        SubwordTokenizer.train(TEXTS, 120)
+        SubwordTokenizer.train(TEXTS, 120,
+                               sentence_piece_trainer=sentencepiece_trainer.sentence_piece_proto)
 
 
 def alive(pid):
@@ -220,10 +231,10 @@ def test_the_trainer_ends_when_its_parent_is_killed(tmp_path):
     vocabulary leaves no trainer working on, holding its memory."""
     pid_file = tmp_path / "trainer.pid"
     waiting = f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); import time; time.sleep(300)"
-    code = ("from keras_transformer.tokenizers import sentencepiece_trainer as trainer\n"
+    code = ("from keras_transformer_app.training import sentencepiece_trainer as trainer\n"
             f"trainer._TRAINER = trainer._TRAINER.replace('import sentencepiece', "
             f"{waiting!r})\n"
-            "trainer.sentence_piece_proto(['a b c'], 10, False)\n")
+            "trainer.sentence_piece_proto(['a b c'], {'vocab_size': 10})\n")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPOSITORY)
     try:
         deadline = time.monotonic() + 120

@@ -25,7 +25,7 @@ import shutil
 import urllib.parse
 import zipfile
 
-from keras_transformer import run_files
+from keras_transformer import saving
 
 MIRROR_VARIABLE = "KERAS_TRANSFORMER_DATA_MIRROR"
 CACHE_SUBDIR = os.path.join("datasets", "keras_transformer")
@@ -210,7 +210,7 @@ def _fetch_member(directory, remote):
     archive = _download(directory, archive_name, remote.url, None)
     target = os.path.join(directory, remote.name)
     try:
-        with run_files.atomic_path(target) as partial:
+        with saving.atomic_path(target) as partial:
             try:
                 with zipfile.ZipFile(archive) as zipped, zipped.open(remote.member) as source, \
                         open(partial, "wb") as output:

@@ -236,7 +236,7 @@ def dataset_from_pairs(
         name: What the data is, for errors ("train", a file name, ...).
         shard: (index, count): keep row block `index` of `count` of every
             batch, the rows one process of a multi-process JAX run feeds
-            (`keras_transformer.training.distribution.Distributed.input_shard`); every
+            (`keras_transformer_app.training.distribution.Distributed.input_shard`); every
             process builds the same global batches and keeps its own rows.
             `batch_multiple` must be a multiple of `count`.
 

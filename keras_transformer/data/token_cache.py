@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from keras_transformer import run_files
+from keras_transformer import saving
 from keras_transformer.data.corpus_files import corpus_size
 
 MANIFEST = "manifest.json"
@@ -123,7 +123,7 @@ def cached_pairs(folder, corpus, source_tokenizer, target_tokenizer, verbose=Fal
     """
     expected = {"format": _FORMAT, "corpus": corpus.fingerprint(),
                 "tokenizers": [fingerprint(source_tokenizer), fingerprint(target_tokenizer)]}
-    manifest = run_files.read_json(os.path.join(folder, MANIFEST))
+    manifest = saving.read_json(os.path.join(folder, MANIFEST))
     if manifest is not None:
         _check_manifest(folder, manifest, expected)
         if verbose:
@@ -134,15 +134,15 @@ def cached_pairs(folder, corpus, source_tokenizer, target_tokenizer, verbose=Fal
     if verbose:
         print(f"Data: cached the ids in {folder}")
     # Read back memory-mapped: the arrays made in memory are freed.
-    return read_pairs(folder, run_files.read_json(os.path.join(folder, MANIFEST)))
+    return read_pairs(folder, saving.read_json(os.path.join(folder, MANIFEST)))
 
 
 def write_pairs(folder, pairs, manifest):
     """Writes `pairs` and `manifest` (with the arrays' layout added) to `folder`,
     under a hidden name renamed when complete."""
     os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
-    run_files.remove_partials(os.path.dirname(os.path.abspath(folder)))
-    with run_files.atomic_path(folder) as partial:
+    saving.remove_partials(os.path.dirname(os.path.abspath(folder)))
+    with saving.atomic_path(folder) as partial:
         os.makedirs(partial)
         for side in _SIDES:
             for kind in ("ids", "offsets"):

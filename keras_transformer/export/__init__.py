@@ -8,5 +8,5 @@
 - `warmup.py`: TensorFlow Serving's warm-up records;
 - `ctranslate2.py`: a converter onto CTranslate2's `TransformerSpec`.
 
-The server that serves these is `keras_transformer.serving`.
+The server that serves these is `keras_transformer_app.serving`.
 """

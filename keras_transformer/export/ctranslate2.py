@@ -20,7 +20,7 @@ The mapping itself, and every detail that changes outputs, is
 import json
 import os
 
-from keras_transformer import run_files, validation
+from keras_transformer import saving, validation
 from keras_transformer.export import versions
 from keras_transformer.export.ctranslate2_spec import import_ctranslate2, transformer_spec
 from keras_transformer.inference.ctranslate2 import SETTINGS_FILE, SETTINGS_FORMAT
@@ -54,7 +54,7 @@ def export_ctranslate2(model, export_base, version=None, quantization=None, beam
 
     Args:
         model: A `.keras` file with its tokenizer beside it, or a run directory
-            (its `model.keras`, see `keras_transformer.run_files`).
+            (its `model.keras`, see `keras_transformer_app.run_files`).
         export_base: The model's serving directory, e.g. `ct2_models/NAME`
             (or `saved_models/NAME`, beside SavedModel versions).
         version: Positive integer version; None means one above the highest
@@ -75,7 +75,7 @@ def export_ctranslate2(model, export_base, version=None, quantization=None, beam
 
     docs/serving.md ("CTranslate2") runs it on a model of its own.
     """
-    model_path = run_files.resolve_model_path(model)
+    model_path = saving.resolve_model_path(model)
     _check_quantization(quantization)
     options = dict(quantization=quantization, beam_size=beam_size, alpha=alpha,
                    max_output_length=max_output_length, max_source_length=max_source_length,
@@ -83,7 +83,7 @@ def export_ctranslate2(model, export_base, version=None, quantization=None, beam
     _check_search(**options)
     version = versions.next_version(export_base, version)
     import_ctranslate2()  # before the model is loaded, to fail fast
-    loaded, source_tokenizer, target_tokenizer = run_files.load_translation_model(model_path)
+    loaded, source_tokenizer, target_tokenizer = saving.load_translation_model(model_path)
     path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
                         **options)
     if verbose:
@@ -128,7 +128,7 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
         options, max_source_length=limit))
     with versions.write_version(export_base, version) as partial:
         spec.save(partial)
-        run_files.save_tokenizers(partial, source_tokenizer, target_tokenizer)
+        saving.save_tokenizers(partial, source_tokenizer, target_tokenizer)
         _write_settings(partial, settings)
     return os.path.join(export_base, str(version))
 
@@ -148,7 +148,7 @@ def convert_model(model, source_tokenizer, target_tokenizer, output_dir, quantiz
     settings = _settings(model.config, source_tokenizer, target_tokenizer, quantization,
                          max_source_length=source_limit(model.config, model.config.max_length))
     # An empty folder at output_dir (checked above) is replaced by the rename.
-    with run_files.atomic_path(output_dir) as partial:
+    with saving.atomic_path(output_dir) as partial:
         os.makedirs(partial)
         spec.save(partial)
         _write_settings(partial, settings)

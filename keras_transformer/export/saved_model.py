@@ -43,12 +43,12 @@ torch_xla for it). Under JAX or PyTorch both functions raise
 loaded: the `.keras` file exports the same from a TensorFlow-backend process,
 whatever backend trained it. `keras-transformer export` runs itself again under
 TensorFlow (`keras_transformer_app`), and a training run exports through that
-command in a process of its own (`keras_transformer.export.tensorflow_process`).
+command in a process of its own (`keras_transformer_app.export_process`).
 """
 
 import os
 
-from keras_transformer import run_files
+from keras_transformer import saving
 from keras_transformer.export import signatures, versions, warmup
 from keras_transformer.export.shapes import ServingShapes
 from keras_transformer.inference.search import check_model, check_search_options
@@ -83,7 +83,7 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
 
     Args:
         model: A `.keras` file with its tokenizer beside it, or a run directory
-            (its `model.keras`, see `keras_transformer.run_files`).
+            (its `model.keras`, see `keras_transformer_app.run_files`).
         export_base: The model's serving directory, e.g. `saved_models/NAME`.
         version: Positive integer version; None means one above the highest
             present (1 for a new directory). An existing version is never
@@ -113,13 +113,13 @@ def export_saved_model(model, export_base, version=None, beam_size=4, alpha=0.6,
     """
     check_search_options(beam_size, alpha, max_output_length)
     check_n_best(n_best, beam_size)
-    model_path = run_files.resolve_model_path(model)
+    model_path = saving.resolve_model_path(model)
     version = versions.next_version(export_base, version)
     options = dict(beam_size=beam_size, alpha=alpha, max_output_length=max_output_length,
                    max_source_length=max_source_length, batch_sizes=batch_sizes,
                    lengths=lengths, n_best=n_best)
     check_tensorflow_backend()
-    loaded, source_tokenizer, target_tokenizer = run_files.load_translation_model(model_path)
+    loaded, source_tokenizer, target_tokenizer = saving.load_translation_model(model_path)
     path = export_model(loaded, source_tokenizer, target_tokenizer, export_base, version,
                         verbose=verbose, **options)
     if verbose:
@@ -143,7 +143,7 @@ def export_model(model, source_tokenizer, target_tokenizer, export_base, version
 
     Raises:
         TensorFlowBackendRequired: Keras runs on another backend (save the
-            model with `run_files.save_model` and its tokenizers beside it,
+            model with `saving.save_model` and its tokenizers beside it,
             and export that file from a TensorFlow-backend process).
     """
     import keras

@@ -5,7 +5,7 @@ An export base (e.g. `saved_models/NAME/`) holds one folder per version,
 (the export's settings) beside its variables, or a CTranslate2 export
 (`keras_transformer.export.ctranslate2`: `model.bin`, `config.json` and the
 settings in `keras_transformer.json`). TensorFlow Serving loads the highest
-SavedModel version; our built-in server (`keras_transformer.serving`) and
+SavedModel version; our built-in server (`keras_transformer_app.serving`) and
 command line load the highest version of either engine. Both ignore other names.
 
 A version is written by `write_version`: into a hidden folder beside its final
@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 
-from keras_transformer import run_files, validation
+from keras_transformer import saving, validation
 from keras_transformer.inference.ctranslate2 import is_ctranslate2_export
 
 #: The export's settings, beside the variables, where TensorFlow Serving
@@ -61,12 +61,12 @@ def next_version(export_base, version=None):
 def write_version(export_base, version):
     """Yields a temporary folder to write version `version` into; renames it
     to `export_base/version` when the block ends without an error, and
-    deletes it otherwise (`run_files.atomic_path`: a hidden, non-numeric
+    deletes it otherwise (`saving.atomic_path`: a hidden, non-numeric
     name, which TensorFlow Serving ignores while it is written). The
     temporary folders of exports whose process is gone are removed first."""
     os.makedirs(export_base, exist_ok=True)
-    run_files.remove_partials(export_base)
-    with run_files.atomic_path(os.path.join(export_base, str(version)),
+    saving.remove_partials(export_base)
+    with saving.atomic_path(os.path.join(export_base, str(version)),
                                overwrite=False) as partial:
         os.makedirs(partial)
         yield partial

@@ -88,7 +88,7 @@ def load_ctranslate2(path, compute_type="default", intra_threads=0, inter_thread
     Raises:
         FileNotFoundError: when `path` holds no CTranslate2 export with its tokenizers.
     """
-    from keras_transformer import run_files
+    from keras_transformer import saving
 
     version_path = export_version(path)
     if version_path is None:
@@ -97,7 +97,7 @@ def load_ctranslate2(path, compute_type="default", intra_threads=0, inter_thread
             "or in its highest version folder), as `keras-transformer export MODEL BASE "
             "--format ctranslate2` writes them.")
     model = CTranslate2Model(version_path, compute_type, intra_threads, inter_threads)
-    source_tokenizer, target_tokenizer = run_files.load_tokenizers(version_path)
+    source_tokenizer, target_tokenizer = saving.load_tokenizers(version_path)
     return model, source_tokenizer, target_tokenizer
 
 

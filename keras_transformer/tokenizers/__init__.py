@@ -5,8 +5,8 @@ vocabulary of about 37000 tokens for En-De) or word pieces (32000 for En-Fr).
 `SubwordTokenizer` learns either from text and tokenizes with keras-hub's layers:
 
 - "sentencepiece": a SentencePiece BPE model (the model keras-hub's
-  `compute_sentence_piece_proto` learns, learned by SentencePiece's trainer in a
-  child process that gives its memory back when it ends; `SentencePieceTokenizer`).
+  `compute_sentence_piece_proto` learns, learned in the caller's process as it does;
+  `SentencePieceTokenizer`).
   Detokenization restores the text exactly (up to Unicode NFKC normalization). The
   default.
 - "wordpiece": a WordPiece vocabulary (`compute_word_piece_vocabulary`,
@@ -30,9 +30,7 @@ import os
 import re
 
 from keras_transformer import compat
-from keras_transformer.tokenizers.sentencepiece_trainer import sentence_piece_proto
 from keras_transformer.validation import check_choice, check_positive_int
-from keras_transformer_app.logs import hidden_native_lines
 
 KINDS = ("sentencepiece", "wordpiece")
 WORDPIECE_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
@@ -107,7 +105,8 @@ class SubwordTokenizer:
             )
 
     @classmethod
-    def train(cls, texts, vocab_size, kind="sentencepiece", lowercase=False):
+    def train(cls, texts, vocab_size, kind="sentencepiece", lowercase=False,
+              sentence_piece_trainer=None):
         """Learns a vocabulary of about `vocab_size` tokens from `texts`.
 
         Args:
@@ -119,6 +118,13 @@ class SubwordTokenizer:
                 return fewer tokens on small corpora.
             kind: "sentencepiece" (BPE) or "wordpiece".
             lowercase: Whether to lowercase text first.
+            sentence_piece_trainer: For "sentencepiece", a function `(texts,
+                options) -> bytes` that runs SentencePiece's trainer with these
+                options (`sentence_piece_options`) and returns the serialized
+                model, raising SentencePiece's `RuntimeError`. None runs it in
+                this process (`learn_sentence_piece`), which keeps what the trainer
+                allocated; a program that wants it back runs the trainer in a child
+                process (the recipes' runs do).
 
         Returns:
             A `SubwordTokenizer`.
@@ -141,16 +147,14 @@ class SubwordTokenizer:
                 f"{special} special tokens."
             )
         if kind == "sentencepiece":
-            # SentencePiece's trainer prints hundreds of lines of C++ logging, shown
-            # (their end) only if it fails for another reason than the size.
+            learn = sentence_piece_trainer or learn_sentence_piece
             largest = None
-            with hidden_native_lines(tail_bytes=4000):
-                try:
-                    proto = sentence_piece_proto(texts, vocab_size, lowercase)
-                except RuntimeError as error:
-                    largest = _largest_vocabulary(error)
-                    if largest is None:
-                        raise
+            try:
+                proto = learn(texts, sentence_piece_options(vocab_size, lowercase))
+            except RuntimeError as error:
+                largest = _largest_vocabulary(error)
+                if largest is None:
+                    raise
             if largest is not None:
                 raise ValueError(
                     f"vocab_size={vocab_size} is more than SentencePiece can learn from "
@@ -316,6 +320,34 @@ class SubwordTokenizer:
                 f"{_CONFIG_FILE} says {config['vocab_size']}: the files do not belong together."
             )
         return tokenizer
+
+
+def sentence_piece_options(vocab_size, lowercase):
+    """SentencePiece's trainer options for a BPE vocabulary of `vocab_size` pieces with
+    the project's special ids: those keras-hub's `compute_sentence_piece_proto` passes.
+    The trainer logs to file descriptor 2 as it works, as it does under keras-hub:
+    quieting it is the program's choice."""
+    return dict(vocab_size=vocab_size, model_type="bpe",
+                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+                pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+
+
+def learn_sentence_piece(texts, options):
+    """SentencePiece's model learned from the list `texts` with `options`
+    (`sentence_piece_options`) in this process, serialized.
+
+    Raises:
+        RuntimeError: SentencePiece's error (a vocabulary size too high names the
+            largest that works).
+    """
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model,
+                                             **options)
+    return model.getvalue()
 
 
 def _largest_vocabulary(error):

@@ -7,12 +7,13 @@ import keras
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import run_files
+from keras_transformer import saving
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.export.saved_model import export_model
-from keras_transformer.export.tensorflow_process import export_from_any_backend
 from keras_transformer.inference import Translator
 from keras_transformer.tokenizers import SubwordTokenizer
+from keras_transformer_app import run_files
+from keras_transformer_app.export_process import export_from_any_backend
 
 # Few compiled shapes keep the tests' XLA compilations few: 5 sentences run
 # as two chunks of 4.
@@ -33,10 +34,10 @@ def exported(tmp_path_factory):
     corpus = synthetic_translation(300, seed=0)
     tokenizer = SubwordTokenizer.train(corpus.sources + corpus.targets, vocab_size=320)
     directory = str(root / "run")
-    run_files.save_tokenizers(directory, tokenizer)
+    saving.save_tokenizers(directory, tokenizer)
     config = kt.TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, num_layers=1)
     model = kt.Transformer(config)
-    run_files.save_model(model, run_files.path(directory, run_files.MODEL))
+    saving.save_model(model, run_files.path(directory, saving.MODEL))
     base = str(root / "saved_models" / "tiny")
     if keras.backend.backend() == "tensorflow":
         beam = export_model(model, tokenizer, tokenizer, base, **SHAPES)
@@ -61,6 +62,6 @@ def exported_greedy(exported):
 @pytest.fixture(scope="session")
 def reference_translator(exported):
     """The Python path over the exported run: what the SavedModel must match."""
-    model, source_tokenizer, target_tokenizer = run_files.load_translation_model(
+    model, source_tokenizer, target_tokenizer = saving.load_translation_model(
         exported["run_dir"])
     return Translator(model, source_tokenizer, target_tokenizer)

@@ -18,7 +18,7 @@ import pytest
 from helpers import require
 
 import keras_transformer as kt
-from keras_transformer import cli, run_files
+from keras_transformer import saving
 from keras_transformer.data.corpora import synthetic_translation
 from keras_transformer.data.pipeline import encode_pairs
 from keras_transformer.export.ctranslate2 import (
@@ -32,6 +32,7 @@ from keras_transformer.inference.ctranslate2 import UnseededSamplesWarning, load
 from keras_transformer.inference.limits import LENGTH_OFFSET
 from keras_transformer.inference.translator import NO_ALIGNMENT
 from keras_transformer.tokenizers import SubwordTokenizer
+from keras_transformer_app import cli, run_files
 
 ctranslate2 = require("ctranslate2")
 
@@ -65,8 +66,8 @@ def trained(tmp_path_factory):
     model.fit({"source": _matrix(sources), "target": _matrix([t[:-1] for t in targets])},
               _matrix([t[1:] for t in targets]), batch_size=64, epochs=6, verbose=0)
     directory = str(tmp_path_factory.mktemp("ct2") / "run")
-    run_files.save_tokenizers(directory, tokenizer)
-    run_files.save_model(model, run_files.path(directory, run_files.MODEL))
+    saving.save_tokenizers(directory, tokenizer)
+    saving.save_model(model, run_files.path(directory, saving.MODEL))
     sentences = synthetic_translation(100, seed=7, num_words=NUM_WORDS).sources
     return dict(model=model, tokenizer=tokenizer, run_dir=directory,
                 sentences=sentences + ["xyzzy quux"],

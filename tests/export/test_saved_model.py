@@ -15,18 +15,19 @@ import numpy as np
 import pytest
 from helpers import REPOSITORY
 
-from keras_transformer import cli, run_files
+from keras_transformer import saving
 from keras_transformer.export.saved_model import TensorFlowBackendRequired, export_saved_model
-from keras_transformer.export.tensorflow_process import (
-    ExportProcessError,
-    export_in_tensorflow_process,
-)
 from keras_transformer.export.versions import (
     latest_version_path,
     load_saved_model,
     read_metadata,
 )
 from keras_transformer.inference import beam_search
+from keras_transformer_app import cli
+from keras_transformer_app.export_process import (
+    ExportProcessError,
+    export_in_tensorflow_process,
+)
 
 QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
@@ -164,7 +165,7 @@ def test_killed_export_leaves_no_version_directory(exported, tmp_path):
     with pytest.raises(FileNotFoundError, match="no version directory"):
         latest_version_path(str(base))
     # The next export removes what the killed one left.
-    run_files.remove_partials(str(base))
+    saving.remove_partials(str(base))
     assert os.listdir(base) == []
 
 
@@ -282,7 +283,7 @@ def test_n_best_signature_returns_the_translators_n_best_lists(exported, referen
     import tensorflow as tf
 
     from keras_transformer.export.warmup import read_warmup_requests
-    from keras_transformer.serving.servable import Servable, parse_predict_request
+    from keras_transformer_app.serving.servable import Servable, parse_predict_request
 
     base = str(tmp_path_factory.mktemp("n_best") / "tiny")
     path = export_saved_model(exported["run_dir"], base, n_best=3, verbose=False,

@@ -1,4 +1,4 @@
-"""The batching scheduler (`keras_transformer.serving.batching`),
+"""The batching scheduler (`keras_transformer_app.serving.batching`),
 with a servable that runs when the test lets it: a bounded queue that refuses
 what does not fit, tasks of one signature merged, large tasks split and
 reassembled in order, cancelled tasks dropped, and a failed batch's error
@@ -12,8 +12,11 @@ import threading
 
 import pytest
 
-from keras_transformer.serving import BatchingParameters, BatchScheduler
-from keras_transformer.serving.batching import QueueFullError
+from keras_transformer_app.serving.batching import (
+    BatchingParameters,
+    BatchScheduler,
+    QueueFullError,
+)
 
 pytestmark = pytest.mark.once("tensorflow")  # backend-independent
 

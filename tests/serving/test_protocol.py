@@ -1,4 +1,4 @@
-"""The HTTP/1.1 side of the server alone (`keras_transformer.serving.protocol`), over a
+"""The HTTP/1.1 side of the server alone (`keras_transformer_app.serving.protocol`), over a
 handler that echoes what it was asked, with no model: pipelined requests answered in
 order, `Expect: 100-continue`, HTTP/1.0, the keep-alive timeout, the bound on open
 connections, a handler's fault, and the graceful stop. What the server answers through it
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from keras_transformer.serving.protocol import HttpServer
-from keras_transformer.serving.request import BodyError
+from keras_transformer_app.serving.protocol import HttpServer
+from keras_transformer_app.serving.request import BodyError
 
 pytestmark = pytest.mark.once("tensorflow")  # backend-independent
 

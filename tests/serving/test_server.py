@@ -1,4 +1,4 @@
-"""The TF-Serving-style server (`keras_transformer.serving`) over a
+"""The TF-Serving-style server (`keras_transformer_app.serving`) over a
 tiny exported model, once as a SavedModel and once as a CTranslate2 export (every
 test runs for both engines): client mistakes down to malformed HTTP answered with a
 4xx JSON error and the server still serving, batching that answers what
@@ -34,12 +34,9 @@ import numpy as np
 import pytest
 from helpers import REPOSITORY, require
 
-from keras_transformer.serving import (
-    BatchingParameters,
-    ServerOptions,
-    TranslationServer,
-)
-from keras_transformer.serving.batching import QueueFullError
+from keras_transformer_app.serving.batching import BatchingParameters, QueueFullError
+from keras_transformer_app.serving.options import ServerOptions
+from keras_transformer_app.serving.server import TranslationServer
 
 pytestmark = pytest.mark.once("tensorflow")  # backend-independent
 
@@ -662,8 +659,8 @@ def test_concurrent_requests_get_the_serial_answers(server, model):
 def test_both_engines_answer_alike(network, exported):
     """One model's SavedModel and CTranslate2 export give the same translations,
     ids, flags and (to float32 round-off) scores."""
-    from keras_transformer.serving.ctranslate2 import CTranslate2Servable
-    from keras_transformer.serving.servable import Servable
+    from keras_transformer_app.serving.ctranslate2 import CTranslate2Servable
+    from keras_transformer_app.serving.servable import Servable
 
     servables = [kind(exported(engine), MAX_INSTANCES, MAX_CHARS) for kind, engine in (
         (Servable, "saved_model"), (CTranslate2Servable, "ctranslate2"))]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from helpers import tiny_model, to_numpy
 
-from keras_transformer.training.averaging import average_checkpoints
+from keras_transformer_app.training.averaging import average_checkpoints
 
 # What is tested here does not depend on the backend: it runs in one pass.
 pytestmark = pytest.mark.once("torch")

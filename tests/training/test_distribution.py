@@ -17,14 +17,14 @@ import pytest
 from helpers import REPOSITORY, CharTokenizer
 
 from keras_transformer.data.pipeline import bucket_plan, make_dataset
-from keras_transformer.training import distribution
+from keras_transformer_app.training import distribution
 
 BACKEND = keras.backend.backend()
 
 SCRIPT = r"""
 import json, sys
 import keras
-from keras_transformer.training import distribution
+from keras_transformer_app.training import distribution
 distribution.virtual_cpu_devices(4)
 import numpy as np
 import keras_transformer as kt

@@ -1,4 +1,4 @@
-"""keras_transformer/training/fit.py: the non-finite guard, the atomic backup
+"""keras_transformer_app/training/fit.py: the non-finite guard, the atomic backup
 and the time budget of the Table 3 script (fit_steps itself also runs in every
 recipe smoke test)."""
 
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from keras_transformer import run_files
+from keras_transformer import saving
 from keras_transformer.data.toy_tasks import reverse_task
-from keras_transformer.training.fit import (
+from keras_transformer_app import run_files
+from keras_transformer_app.training.fit import (
     NonFiniteLossError,
     TimeBudget,
     WindowClock,
@@ -24,7 +25,7 @@ from keras_transformer.training.fit import (
     stall_seconds,
     weights_are_finite,
 )
-from keras_transformer.training.interruptions import SignalsBetweenSteps
+from keras_transformer_app.training.interruptions import SignalsBetweenSteps
 from tests.helpers import tiny_model
 
 
@@ -80,7 +81,7 @@ def test_non_finite_loss_stops_training_and_the_run_resumes_from_its_last_finite
     with open(state_path) as f:
         assert json.load(f)["step"] == 4
     for path in list_checkpoints(checkpoints):
-        assert weights_are_finite(run_files.load_model(path))
+        assert weights_are_finite(saving.load_model(path))
 
     # The same run with a sane rate resumes from step 4, not from the NaN state.
     model = compiled_tiny_model(1e-3)

@@ -1,4 +1,4 @@
-"""The resumable run as a library (keras_transformer/training/run.py): `run(splits, config,
+"""The resumable run as a library (keras_transformer_app/training/run.py): `run(splits, config,
 RunOptions(...))` from a script, without the recipes' command line. The recipes' tests
 (tests/test_recipes.py) kill real processes in every phase; these call the library."""
 
@@ -9,10 +9,11 @@ import os
 import keras
 import pytest
 
-from keras_transformer import TransformerConfig, run_files
+from keras_transformer import TransformerConfig, saving
 from keras_transformer.data.corpora import ParallelCorpus, synthetic_translation
-from keras_transformer.training import scoring
-from keras_transformer.training.run import PHASES, RunOptions, cooldown_steps, run
+from keras_transformer_app import run_files
+from keras_transformer_app.training import scoring
+from keras_transformer_app.training.run import PHASES, RunOptions, cooldown_steps, run
 
 # One window of two steps is enough to leave checkpoints, a backup and models; greedy
 # search (beam 1, α 0) keeps the scoring quick.
@@ -50,13 +51,13 @@ def test_a_run_trains_saves_averages_and_evaluates(finished_run):
                                  "evaluated_averaged"]
     assert (results["recipe"], results["steps"]) == ("mine", 4)
     assert windows(run_dir) == ["0", "1"]
-    assert run_files.read_json(run_files.path(run_dir, run_files.RESULTS)) == results
+    assert saving.read_json(run_files.path(run_dir, run_files.RESULTS)) == results
     # The config's vocabulary sizes follow the two learned vocabularies.
-    source, target = run_files.load_tokenizers(run_dir)
-    model_path = run_files.path(run_dir, run_files.MODEL)
+    source, target = saving.load_tokenizers(run_dir)
+    model_path = run_files.path(run_dir, saving.MODEL)
     # The model was compiled with the run's chunked loss (load_model leaves it uncompiled).
     assert keras.saving.load_model(model_path).loss.chunk_size == 16
-    config = run_files.load_model(model_path).config
+    config = saving.load_model(model_path).config
     assert (config.vocab_size, config.target_vocab_size) == (source.vocab_size,
                                                              target.vocab_size)
     assert not config.share_embeddings and config.d_model == CONFIG.d_model
@@ -76,7 +77,7 @@ def test_a_run_does_only_what_results_json_lacks(tmp_path, splits, capsys):
     # A run stopped before its last phase: the same call scores the averaged model only.
     stopped = dict(results, phases=results["phases"][:-1])
     del stopped["averaged"]
-    run_files.write_json(run_files.path(run_dir, run_files.RESULTS), stopped)
+    saving.write_json(run_files.path(run_dir, run_files.RESULTS), stopped)
     again = run(splits, CONFIG, options)
     out = capsys.readouterr().out
     assert "Trained" not in out and "Averaged" not in out
@@ -162,7 +163,7 @@ def test_an_empty_validation_split_refuses_tuning_after_training(tmp_path, split
     with pytest.raises(ValueError, match="tune_alpha needs validation pairs"):
         run(no_validation, CONFIG, options)
     # Training and the final save are recorded: a corrected call does not train again.
-    assert run_files.read_json(run_files.path(run_dir, run_files.RESULTS))["phases"] == [
+    assert saving.read_json(run_files.path(run_dir, run_files.RESULTS))["phases"] == [
         "training", "saved"]
 
 
@@ -172,7 +173,7 @@ def test_an_empty_validation_split_refuses_tuning_after_training(tmp_path, split
 def test_one_translator_scores_every_model_after_training_each_with_its_own_weights(
         tmp_path, splits, monkeypatch):
     from keras_transformer.inference import Translator
-    from keras_transformer.training import run as run_module
+    from keras_transformer_app.training import run as run_module
 
     made = []
 
@@ -193,10 +194,10 @@ def test_one_translator_scores_every_model_after_training_each_with_its_own_weig
         results["phases"])
     # α tuning, both test scores and the validation curve: one translator, one compiled search.
     assert len(made) == 1
-    source, target = run_files.load_tokenizers(run_dir)
-    for model, hypotheses in ((run_files.MODEL, "test_hypotheses.txt"),
+    source, target = saving.load_tokenizers(run_dir)
+    for model, hypotheses in ((saving.MODEL, "test_hypotheses.txt"),
                               (run_files.AVERAGED_MODEL, "test_hypotheses_averaged.txt")):
-        fresh = Translator(run_files.load_model(run_files.path(run_dir, model)), source,
+        fresh = Translator(saving.load_model(run_files.path(run_dir, model)), source,
                            target_tokenizer=target)
         expected = [t.text for t in fresh.translate(splits["test"].sources, beam_size=1,
                                                      alpha=results["alpha_tuning"]["alpha"])]

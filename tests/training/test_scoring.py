@@ -1,4 +1,4 @@
-"""Scoring a run (keras_transformer/training/scoring.py): the test split's figures, α
+"""Scoring a run (keras_transformer_app/training/scoring.py): the test split's figures, α
 tuning, the validation curve, the training time by step and perplexity."""
 
 import csv
@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from helpers import CharTokenizer, tiny_model
 
-from keras_transformer import run_files
+from keras_transformer import saving
 from keras_transformer.data.corpora import ParallelCorpus
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.inference import Hypothesis, Translation, Translator
-from keras_transformer.training import scoring
-from keras_transformer.training.fit import list_checkpoints
+from keras_transformer_app import run_files
+from keras_transformer_app.training import scoring
+from keras_transformer_app.training.fit import list_checkpoints
 
 # What is tested here does not depend on the backend: it runs in one pass.
 pytestmark = pytest.mark.once("torch")
@@ -87,7 +88,7 @@ def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path,
     checkpoints = run_files.path(run_dir, run_files.CHECKPOINTS)
     os.makedirs(checkpoints)
     for step, seed in ((2, 1), (4, 2)):
-        run_files.save_model(tiny_model(tokenizer.vocab_size, seed=seed, num_layers=1),
+        saving.save_model(tiny_model(tokenizer.vocab_size, seed=seed, num_layers=1),
                              os.path.join(checkpoints, f"step-{step:07d}.keras"))
     (tmp_path / "training_log.csv").write_text(
         "epoch,step,seconds\n0,2,1.5\n1,4,2.0\n")
@@ -109,7 +110,7 @@ def test_validation_curve_scores_every_checkpoint_at_its_training_time(tmp_path,
     assert [(row["step"], row["training_seconds"]) for row in rows] == [(2, 1.5), (4, 3.5)]
     # Each checkpoint translates with its own weights (they are loaded into one model).
     assert translated == [
-        [t.text for t in Translator(run_files.load_model(path), tokenizer).translate(
+        [t.text for t in Translator(saving.load_model(path), tokenizer).translate(
             ["abc", "bad"], beam_size=1)] for path in list_checkpoints(checkpoints)]
     assert translated[0] != translated[1]
     with open(tmp_path / "validation_curve.csv") as f:
@@ -126,7 +127,7 @@ def test_a_stopped_validation_curve_keeps_its_rows_and_a_rerun_scores_only_the_r
     checkpoints = run_files.path(run_dir, run_files.CHECKPOINTS)
     os.makedirs(checkpoints)
     for step in (2, 4, 6):
-        run_files.save_model(tiny_model(tokenizer.vocab_size, seed=step, num_layers=1),
+        saving.save_model(tiny_model(tokenizer.vocab_size, seed=step, num_layers=1),
                              os.path.join(checkpoints, f"step-{step:07d}.keras"))
     corpus = ParallelCorpus(["abc", "bad"], ["cab", "dab"])
     calls, evaluate = [], scoring.evaluation.evaluate

@@ -95,6 +95,25 @@ def start(native_logs=None):
             signal.signal(number, _exit_while_starting)
 
 
+@contextlib.contextmanager
+def signals_end_the_process():
+    """Within the block, SIGINT and SIGTERM end the process at once and quietly, with the
+    shell's status, as during start-up (`start`): for a phase that loses nothing if cut
+    and that runs native code an exception must not unwind through, such as the
+    library's import (a KeyboardInterrupt raised in Python code that a C++ extension
+    calls while it loads can abort the process). Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(number, _exit_while_starting) for number in numbers]
+    try:
+        yield
+    finally:
+        for number, handler in zip(numbers, previous):
+            signal.signal(number, handler)
+
+
 def finished():
     """What an entry point does once its command's work is done: Ctrl-C and SIGTERM are
     ignored from then on, since they would find nothing left to stop, only the

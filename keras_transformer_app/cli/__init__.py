@@ -38,6 +38,8 @@ def main(argv=None):
 
     with errors.command_line(native_logs=logs.NATIVE_LOGS_FLAG in argv):
         args = parser.parse_args(argv)
+        with logs.signals_end_the_process():  # nothing has begun: a signal just ends it
+            import keras_transformer  # noqa: F401  the library, Keras and the backend
         args.run(args)
 
 

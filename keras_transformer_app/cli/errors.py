@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from keras_transformer_app import compat
+
 # What a user's mistake raises: a file that is missing or in the way, a bad value, a
 # wrong kind of file, a disk or network problem.
 USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError, TypeError, OSError)
@@ -110,6 +112,7 @@ def user_errors(flags=None):
         sys.exit(1)
     except KeyboardInterrupt:
         print(file=sys.stderr)  # after the ^C the terminal shows
+        compat.forget_unhandled_keyboard_interrupt()  # handled: the status is 130
         sys.exit(130)
     except Terminated:
         sys.exit(143)

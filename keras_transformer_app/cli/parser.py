@@ -287,6 +287,8 @@ def _add_serve(command, native_logs):
         ("--header-timeout", positive_float, "seconds to send a request's headers"),
         ("--body-timeout", positive_float, "seconds to send a request's body"),
         ("--keep-alive-timeout", positive_float, "seconds an idle connection stays open"),
+        ("--write-timeout", positive_float, "seconds for a client to read what it is sent, "
+                                            "once the buffers are full (then it is cut off)"),
         ("--file-system-poll-wait-seconds", non_negative_float,
          "seconds between polls for new versions (0: never)"),
         ("--warmup-threads", positive_int, "warm-up requests replayed at once"),

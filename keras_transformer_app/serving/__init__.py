@@ -9,8 +9,10 @@ under TF Serving's names:
 * `batching.py`: the *batching scheduler*, with TF Serving's batching parameters;
 * `metrics.py`: the Prometheus metrics;
 * `options.py`: the model server's options (port, limits, timeouts);
-* `protocol.py`: HTTP/1.1 on asyncio and httptools (timeouts, bounds, JSON errors);
-* `request.py`: one request and its body, read under the body timeout and bound;
+* `protocol.py`: HTTP/1.1 on asyncio and httptools (timeouts, bounds, the write deadline,
+  JSON errors);
+* `request.py`: one request: its head checked (Host, the target), its body read under the
+  body timeout and bound, and its answer's bytes;
 * `server.py`: the model server and its REST API.
 
     keras-transformer serve saved_models/quickstart --port 8501

@@ -32,6 +32,8 @@ class ServerOptions:
         header_timeout: Seconds for a client to send a request's headers.
         body_timeout: Seconds for a client to send a request's body.
         keep_alive_timeout: Seconds an idle keep-alive connection stays open.
+        write_timeout: Seconds for a connection's answers to drain once its buffers
+            are full, or once it closes: a client that does not read is cut off then.
         graceful_shutdown_seconds: Longest wait for requests in flight on SIGTERM.
         file_system_poll_wait_seconds: Seconds between polls for new versions
             (TensorFlow Serving's flag); 0 disables polling.
@@ -59,6 +61,7 @@ class ServerOptions:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     keep_alive_timeout: float = 30.0
+    write_timeout: float = 30.0
     graceful_shutdown_seconds: float = 30.0
     file_system_poll_wait_seconds: float = 1.0
     warmup_threads: int = 2
@@ -77,7 +80,7 @@ class ServerOptions:
         for name in ("max_instances", "max_chars", "max_body_bytes", "max_connections",
                      "max_concurrent_requests", "backlog", "warmup_threads"):
             validation.check_positive_int(name, getattr(self, name))
-        for name in ("header_timeout", "body_timeout", "keep_alive_timeout",
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "write_timeout",
                      "graceful_shutdown_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive number "

@@ -10,37 +10,49 @@ network needs is here, each answered as TensorFlow Serving's REST API answers er
 JSON `{"error": ...}` that closes the connection:
 
 * malformed HTTP (a bad request line, broken chunked framing, a bad Content-Length, an
-  HTTP/1.1 request without Host): 400;
+  HTTP/1.1 request without Host, a repeated or invalid Host): 400;
 * a bound on the request line and headers (`MAX_HEADER_BYTES`), whether they arrive in one
   read or in many: 400;
 * a header timeout, from when a client connects or from the first byte of a later request on
   a keep-alive connection: 408 (a plain close when nothing was sent);
 * a body timeout and a bound on the body, applied when the application reads it
-  (`Request.body`): 408, 413;
-* a bound on open connections: 503 with `Retry-After`;
-* a keep-alive timeout, after which an idle connection closes;
+  (`Request.body`): 408, 413; a chunked body's raw bytes (chunk sizes and extensions
+  included) count against the bound as they arrive;
+* a bound on open connections: one more is answered 503 with `Retry-After` as soon as it
+  is accepted, and closed; it never holds a slot;
+* a write deadline: a connection whose answers have not drained within
+  `write_timeout` (a client that does not read) is aborted, and queued requests are not
+  answered while its writing is paused;
+* a keep-alive timeout, after which an idle connection closes; an HTTP/1.0 request with
+  Transfer-Encoding is answered, then the connection closes (RFC 9112 §6.1).
+
+Requests are routed on the path as sent (`Request.path`, percent-encoding kept, so that
+`%2F` is never a separator); an absolute-form target (`GET http://host/path`) is routed
+on its path, with its authority as the Host (RFC 9112 §3.2.2).
 * a graceful stop (`HttpServer.serve` returns once its `stop` future is done): the listening
   socket closes, idle connections close, and every request whose head has arrived is
   answered, for at most `graceful_seconds`.
 """
 
 import asyncio
-import email.utils
-import http
 import json
 import socket
-import time
-import urllib.parse
 
 import httptools
 
-from keras_transformer_app.serving.request import Request
+from keras_transformer_app.serving.request import (
+    Request,
+    check_host,
+    joined_headers,
+    response_bytes,
+    target_path,
+)
 
 #: The most bytes of request line and headers.
 MAX_HEADER_BYTES = 16 * 1024
 _CONNECTION_ENDED = "The connection ended before the whole body arrived."
-_STATUS_LINES = {status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode("ascii")
-                 for status in http.HTTPStatus}
+#: How long a connection over the bound stays, answered, for the client to read the 503.
+_REFUSED_LINGER = 1.0
 
 
 class _Refused(Exception):
@@ -57,7 +69,7 @@ class Connection(asyncio.Protocol):
         self.loop = server.loop
         self.transport = None
         self._parser = httptools.HttpRequestParser(self)
-        self._refused = False  # over the bound on connections: each request gets 503
+        self._refused = False  # over the bound on connections: answered 503 and closed
         # The request being parsed: its URL pieces, headers and head size so far.
         self._url = []
         self._headers = []
@@ -73,6 +85,7 @@ class Connection(asyncio.Protocol):
         self._stopping = False
         self._header_timer = None
         self._idle_timer = None
+        self._write_timer = None  # the write deadline, while answers wait to drain
         self._write_paused = False
 
     # asyncio.Protocol.
@@ -85,23 +98,44 @@ class Connection(asyncio.Protocol):
             # acknowledges its headers: a delayed ACK on every answer.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         server = self.server
-        self._refused = len(server.connections) >= server.max_connections
+        if len(server.connections) >= server.max_connections:
+            self._refuse_connection()
+            return
         server.connections.add(self)
         self._arm_header_timer()
 
+    def _refuse_connection(self):
+        """One connection over the bound: a 503 at once, then a half-close; what the
+        client sends meanwhile is read and dropped, and the socket goes after
+        `_REFUSED_LINGER` seconds. It holds no slot (`server.connections`)."""
+        self._refused = True
+        self.server.refused.add(self)
+        status, headers, body = self.server.error_response(
+            503, f"This server holds at most {self.server.max_connections} open "
+                 "connections; retry later.")
+        headers.append(("retry-after", "1"))
+        self.transport.write(response_bytes(status, headers, body))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._write_timer = self.loop.call_later(_REFUSED_LINGER, self.transport.abort)
+
     def connection_lost(self, exc):
         self.server.connections.discard(self)
+        self.server.refused.discard(self)
         self._cancel_timers()
         for request in (self._parsing, self._active):
             if request is not None and not request.complete:
                 request._fail(_CONNECTION_ENDED, 400)
 
     def data_received(self, data):
+        if self._refused:
+            return  # answered already: the request is not read
         if self._idle_timer is not None:  # a new request begins on a kept-alive connection
             self._idle_timer.cancel()
             self._idle_timer = None
             self._arm_header_timer()
         self._completed = False
+        in_body = self._parsing  # a request whose head came in an earlier read
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -116,6 +150,10 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as error:
             self._malformed(str(error) or type(error).__name__)
             return
+        # A body still incomplete: its raw bytes count against the bound, chunk sizes and
+        # extensions included (a read that also ended it is not counted).
+        if in_body is not None and in_body is self._parsing and not in_body.complete:
+            in_body._count_raw(len(data))
         # A head still incomplete: the bytes read since it began (a read that also ended
         # a request is not counted, so the bound can be passed by at most one read).
         if self._in_head and not self._completed:
@@ -126,9 +164,13 @@ class Connection(asyncio.Protocol):
     def pause_writing(self):
         self._write_paused = True
         self.transport.pause_reading()
+        self._arm_write_timer()
 
     def resume_writing(self):
         self._write_paused = False
+        self._disarm_write_timer()
+        if self._waiting and self._active is None and not self.transport.is_closing():
+            self._start(self._waiting.pop(0))  # held while the answers could not drain
         if not self._waiting:
             self.transport.resume_reading()
 
@@ -154,27 +196,25 @@ class Connection(asyncio.Protocol):
         self._disarm_header_timer()
         parser = self._parser
         version = parser.get_http_version()
-        headers = {}
-        for name, value in self._headers:
-            name = name.decode("latin-1").lower()
-            value = value.decode("latin-1")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
         if version not in ("1.0", "1.1"):
             self._refuse("no HTTP version" if version == "0.9"
                          else f"HTTP/{version} is not served")
-        if version == "1.1" and "host" not in headers:
-            self._refuse("an HTTP/1.1 request without a Host header")
-        target = b"".join(self._url)
         try:
-            path = target.partition(b"?")[0].decode("ascii")
-        except UnicodeDecodeError:  # httptools 0.9.0 refuses it itself; 0.6.0 passes it on
-            self._refuse("the request target is not ASCII")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
+            headers = joined_headers(self._headers)
+            # The parser (httptools >= 0.6.3) has refused a target that is not ASCII.
+            path = target_path(b"".join(self._url).decode("ascii"), headers)
+            if version == "1.1" and "host" not in headers:
+                raise ValueError("an HTTP/1.1 request without a Host header")
+            check_host(headers)
+        except ValueError as error:
+            self._refuse(str(error))
+        # RFC 9112 §6.1: HTTP/1.0 framing with Transfer-Encoding is faulty; close after.
+        keep_alive = parser.should_keep_alive() and not (
+            version == "1.0" and "transfer-encoding" in headers)
         request = Request(self, parser.get_method().decode("ascii"), path, headers,
-                          parser.should_keep_alive())
+                          keep_alive)
         self._parsing = request
-        if self._active is None:
+        if self._active is None and not self._write_paused:
             self._start(request)
         else:
             self._waiting.append(request)
@@ -204,33 +244,28 @@ class Connection(asyncio.Protocol):
         self.loop.create_task(self._answer(request))
 
     async def _answer(self, request):
-        if self._refused:
-            status, headers, body = self.server.error_response(
-                503, f"This server holds at most {self.server.max_connections} open "
-                     "connections; retry later.")
-            headers.append(("retry-after", "1"))
-        else:
-            try:
-                status, headers, body = await self.server.handler(request)
-            except Exception:  # noqa: BLE001  the handler answers its own faults; a last guard
-                status, headers, body = self.server.error_response(500, "Internal server error.")
+        try:
+            status, headers, body = await self.server.handler(request)
+        except Exception:  # noqa: BLE001  the handler answers its own faults; a last guard
+            status, headers, body = self.server.error_response(500, "Internal server error.")
         self._active = None
         if self.transport.is_closing():  # the client went away: nothing more to answer
             self._waiting.clear()
             return
-        keep_alive = (request.keep_alive and request.complete and not self._refused
-                      and not self._stopping and self._closing_error is None
-                      and not request._error)
+        keep_alive = (request.keep_alive and request.complete and not self._stopping
+                      and self._closing_error is None and not request._error)
         self._write_response(request, status, headers, body, keep_alive)
         if not keep_alive:
             self._close_after_answer()
+        elif self._write_paused:
+            pass  # the next queued request is answered once the answers drain
         elif self._waiting:
             self._start(self._waiting.pop(0))
-            if not self._waiting and not self._write_paused:
+            if not self._waiting:
                 self.transport.resume_reading()
         else:
             self._idle_timer = self.loop.call_later(self.server.keep_alive_timeout,
-                                                    self.transport.close)
+                                                    self._close)
 
     def _write_response(self, request, status, headers, body, keep_alive):
         if not keep_alive:
@@ -239,13 +274,20 @@ class Connection(asyncio.Protocol):
             connection = "keep-alive"  # HTTP/1.0's keep-alive
         else:
             connection = None
-        self.transport.write(_response_bytes(status, headers, body, connection,
+        self.transport.write(response_bytes(status, headers, body, connection,
                                              with_body=request.method != "HEAD"))
 
     def _close_after_answer(self):
         if self._closing_error:
             self.transport.write(self._closing_error)
+        self._close()
+
+    def _close(self):
+        """Closes the transport once what it holds is written, within the write deadline:
+        a client that does not read cannot keep it (and its slot) open."""
         self.transport.close()
+        if self.transport.get_write_buffer_size():
+            self._arm_write_timer()
 
     def _malformed(self, message):
         """Malformed HTTP: answered with a 400 JSON error, then the connection closes
@@ -253,7 +295,7 @@ class Connection(asyncio.Protocol):
         self._disarm_header_timer()
         status, headers, body = self.server.error_response(
             400, f"Malformed HTTP request: {message}")
-        answer = _response_bytes(status, headers, body)
+        answer = response_bytes(status, headers, body)
         parsing, self._parsing = self._parsing, None
         if parsing is not None and not parsing.complete:
             parsing._fail(_CONNECTION_ENDED, 400)
@@ -264,7 +306,7 @@ class Connection(asyncio.Protocol):
             return
         if not self.transport.is_closing():
             self.transport.write(answer)
-            self.transport.close()
+            self._close()
 
     def write(self, data):
         if not self.transport.is_closing():
@@ -275,7 +317,7 @@ class Connection(asyncio.Protocol):
         arrived is answered first."""
         self._stopping = True
         if self._active is None:
-            self.transport.close()
+            self._close()
 
     # Timers.
 
@@ -289,8 +331,19 @@ class Connection(asyncio.Protocol):
             self._header_timer.cancel()
             self._header_timer = None
 
+    def _arm_write_timer(self):
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.server.write_timeout,
+                                                     self.transport.abort)
+
+    def _disarm_write_timer(self):
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
     def _cancel_timers(self):
         self._disarm_header_timer()
+        self._disarm_write_timer()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
@@ -303,35 +356,8 @@ class Connection(asyncio.Protocol):
             status, headers, body = self.server.error_response(
                 408, f"The request headers did not arrive within "
                      f"{self.server.header_timeout:g} s.")
-            self.transport.write(_response_bytes(status, headers, body))
-        self.transport.close()  # connected, never sent anything: just close
-
-
-def _response_bytes(status, headers, body, connection="close", with_body=True):
-    """A complete response: its status line, Date, Content-Length, `headers`, then
-    `Connection: connection` unless None, and `body` unless not `with_body` (HEAD)."""
-    lines = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Error\r\n".encode("ascii"),
-             b"date: ", _date(), b"\r\ncontent-length: ", str(len(body)).encode("ascii"),
-             b"\r\n"]
-    for name, value in headers:
-        lines += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
-    if connection is not None:
-        lines += (b"connection: ", connection.encode("ascii"), b"\r\n")
-    lines.append(b"\r\n")
-    if with_body:
-        lines.append(body)
-    return b"".join(lines)
-
-
-_DATE = [0, b""]  # the second of the Date header last computed, and its value
-
-
-def _date():
-    """The Date header's value, computed once a second."""
-    now = int(time.time())
-    if now != _DATE[0]:
-        _DATE[:] = [now, email.utils.formatdate(now, usegmt=True).encode("ascii")]
-    return _DATE[1]
+            self.transport.write(response_bytes(status, headers, body))
+        self._close()  # connected, never sent anything: just close
 
 
 class HttpServer:
@@ -341,22 +367,26 @@ class HttpServer:
         handler: `async handler(request) -> (status, [(name, value)], body bytes)`; it
             answers every request, errors included (a `BodyError` from `request.body()`
             too).
-        max_connections: Open connections at once; each request on one more gets 503.
+        max_connections: Open connections at once; one more is answered 503 and closed.
         header_timeout: Seconds for a client to send a request's headers.
         body_timeout: Seconds for a client to send a request's body.
         keep_alive_timeout: Seconds an idle connection stays open.
-        max_body_bytes: The largest request body.
+        max_body_bytes: The largest request body (a chunked one's raw bytes).
+        write_timeout: Seconds for a connection's answers to drain once its buffers
+            are full (or once it closes); then it is aborted.
     """
 
     def __init__(self, handler, *, max_connections, header_timeout, body_timeout,
-                 keep_alive_timeout, max_body_bytes):
+                 keep_alive_timeout, max_body_bytes, write_timeout=30.0):
         self.handler = handler
         self.max_connections = max_connections
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.keep_alive_timeout = keep_alive_timeout
         self.max_body_bytes = max_body_bytes
+        self.write_timeout = write_timeout
         self.connections = set()
+        self.refused = set()  # connections over the bound, answered 503, not yet gone
         self.loop = None
 
     @staticmethod
@@ -383,6 +413,6 @@ class HttpServer:
             while (any(c._active is not None for c in self.connections)
                    and self.loop.time() < deadline):
                 await asyncio.sleep(0.01)
-            for connection in list(self.connections):
+            for connection in [*self.connections, *self.refused]:
                 connection.transport.abort()
             await listener.wait_closed()

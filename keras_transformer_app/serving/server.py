@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.parse
 
 from keras_transformer.export import versions
 from keras_transformer_app.serving.batching import BatchScheduler, QueueFullError
@@ -92,7 +93,8 @@ class TranslationServer:
                                 header_timeout=options.header_timeout,
                                 body_timeout=options.body_timeout,
                                 keep_alive_timeout=options.keep_alive_timeout,
-                                max_body_bytes=options.max_body_bytes)
+                                max_body_bytes=options.max_body_bytes,
+                                write_timeout=options.write_timeout)
         self._loop = None
         self._previous_handlers = {}
         self._stop = None  # the future whose result ends serving: the signal, or None
@@ -301,6 +303,8 @@ class TranslationServer:
             status, payload, content_type = error.status, {"error": str(error)}, None
             if status == 503:
                 headers.append(("retry-after", "1"))
+            if status == 405:  # RFC 9110 §15.5.6: the methods the resource takes
+                headers.append(("allow", error.allow))
         except Exception:  # noqa: BLE001  a server fault: log it, say nothing of internals
             self._log("Internal error:\n" + traceback.format_exc())
             status, payload, content_type = 500, {"error": "Internal server error; the "
@@ -320,13 +324,14 @@ class TranslationServer:
     async def _route(self, request):
         """`(status, payload, content type)`: a payload of JSON, content type None, or
         bytes of the content type."""
+        # The path as sent: a %2F is not a separator (only the name's segment is decoded).
         path, method = request.path, request.method
         if path == "/monitoring/prometheus/metrics":
             _allow(method, "GET")
             return 200, self.metrics.exposition(), self.metrics.content_type
         prefix = f"/v1/models/{self.name}"
         match = _MODEL_PATH.fullmatch(path)
-        if match is None or match["name"] != self.name:
+        if match is None or urllib.parse.unquote(match["name"]) != self.name:
             raise RequestError(f"No such endpoint {path[:200]!r}: this server serves {prefix}, "
                                f"{prefix}/metadata, {prefix}:predict (each also under "
                                "/versions/V) and /monitoring/prometheus/metrics.", 404)
@@ -407,9 +412,20 @@ class TranslationServer:
             raise RequestError(str(error), error.status) from None
 
 
+class MethodNotAllowed(RequestError):
+    """A method the resource does not take: 405, with an Allow header of those it does."""
+
+    def __init__(self, method, allow):
+        super().__init__(f"Method {method} is not allowed here; use {allow}.", 405)
+        self.allow = allow
+
+
 def _allow(method, allowed):
-    if method != allowed:
-        raise RequestError(f"Method {method} is not allowed here; use {allowed}.", 405)
+    """Refuses a method other than `allowed`; where GET is allowed, so is HEAD (RFC 9110
+    §9.1), answered as GET without the body."""
+    methods = (allowed, "HEAD") if allowed == "GET" else (allowed,)
+    if method not in methods:
+        raise MethodNotAllowed(method, ", ".join(methods))
 
 
 def _reject_constant(name):

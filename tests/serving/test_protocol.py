@@ -10,11 +10,16 @@ Every socket is on 127.0.0.1 with a timeout.
 import asyncio
 import concurrent.futures
 import json
+import os
+import re
 import socket
 import threading
 import time
+import tomllib
 
+import httptools
 import pytest
+from helpers import REPOSITORY
 
 from keras_transformer_app.serving.protocol import HttpServer
 from keras_transformer_app.serving.request import BodyError
@@ -26,10 +31,12 @@ TIMEOUT = 30.0
 
 
 async def echo(request):
-    """Answers `{"method", "path", "body"}`; `/slow` waits for `release` first and
-    `/fault` raises."""
+    """Answers `{"method", "path", "host", "body"}`; `/slow` waits for `release` first,
+    `/fault` raises and `/big` answers a megabyte."""
     if request.path == "/fault":
         raise RuntimeError("a fault of the handler")
+    if request.path == "/big":
+        return 200, [("content-type", "text/plain")], b"x" * 1_000_000
     try:
         body = (await request.body()).decode()
     except BodyError as error:
@@ -37,7 +44,8 @@ async def echo(request):
             {"error": str(error)}).encode()
     if request.path == "/slow":
         await asyncio.wrap_future(RELEASE[0])
-    payload = json.dumps({"method": request.method, "path": request.path, "body": body})
+    payload = json.dumps({"method": request.method, "path": request.path,
+                          "host": request.headers.get("host"), "body": body})
     return 200, [("content-type", "application/json")], payload.encode()
 
 
@@ -180,7 +188,7 @@ def test_an_idle_connection_closes_after_the_keep_alive_timeout(running):
 
 
 @pytest.mark.backs("docs/serving.md",
-                   "Beyond `--max-connections`, each request gets a 503 JSON error with")
+                   "one more gets 503 with `Retry-After` at once and closes within a second")
 def test_connections_over_the_bound_get_503_with_retry_after(running):
     server = running(max_connections=2)
     with connect(server.port) as first, connect(server.port) as second:
@@ -233,3 +241,128 @@ def test_the_graceful_stop_answers_requests_in_flight_and_closes_idle_ones(runni
         stopping.join(TIMEOUT)
     with pytest.raises(OSError):
         connect(server.port).close()
+
+
+# The hostile cases of a probe from outside (each sends raw bytes): what the server
+# answers, whether it closes the connection, and what the echo saw.
+def _chunked(head, chunks):
+    return head + b"".join(b"%x%s\r\n%s\r\n" % (len(data), extension, data)
+                           for extension, data in chunks) + b"0\r\n\r\n"
+
+
+HOSTILE = [
+    # (id, request bytes, status, the connection closes, what the echo saw or None)
+    ("Host twice", b"GET /a HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400, True, None),
+    ("Host with a space, @ and /", b"GET /a HTTP/1.1\r\nHost: a b@c/d\r\n\r\n", 400, True,
+     None),
+    ("HTTP/1.0 with Transfer-Encoding, asking to keep alive",
+     _chunked(b"POST /a HTTP/1.0\r\nConnection: keep-alive\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n", [(b"", b"body")]), 200, True,
+     {"path": "/a", "body": "body"}),
+    ("1 MB of chunk extensions on a 20-byte body",
+     _chunked(b"POST /a HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n",
+              [(b";x=" + b"e" * 100_000, b"ab")] * 10), 413, True, None),
+    ("%2F kept in the path", b"GET /a%2Fb HTTP/1.1\r\nHost: h\r\n\r\n", 200, False,
+     {"path": "/a%2Fb"}),
+    ("absolute-form target", b"GET http://example.org:8501/abs/path?q=1 HTTP/1.1\r\n"
+     b"Host: other\r\n\r\n", 200, False, {"path": "/abs/path", "host": "example.org:8501"}),
+    ("absolute-form target without a path", b"GET http://example.org HTTP/1.1\r\n"
+     b"Host: other\r\n\r\n", 200, False, {"path": "/", "host": "example.org"}),
+    ("IPv6 Host with a port", b"GET /a HTTP/1.1\r\nHost: [::1]:8501\r\n\r\n", 200, False,
+     {"host": "[::1]:8501"}),
+]
+
+
+@pytest.mark.parametrize("raw, status, closes, seen", [case[1:] for case in HOSTILE],
+                         ids=[case[0] for case in HOSTILE])
+@pytest.mark.backs("docs/serving.md", "`%2F` is never a separator")
+def test_hostile_requests(running, raw, status, closes, seen):
+    server = running()
+    with connect(server.port) as sock:
+        sock.sendall(raw)
+        answer, headers, body = read_response(sock)
+        assert answer == status, body
+        assert headers["content-type"] == "application/json"
+        assert (headers.get("connection") == "close") == closes
+        if seen is not None:
+            echoed = json.loads(body)
+            assert {name: echoed[name] for name in seen} == seen
+        if closes:
+            assert closed(sock)
+        else:
+            sock.sendall(get("/again"))
+            assert read_response(sock)[0] == 200
+
+
+@pytest.mark.backs("docs/serving.md", "the connection goes if they have not drained in time")
+def test_a_client_that_does_not_read_is_cut_off_at_the_write_deadline(running):
+    """3,000 pipelined requests for a megabyte each, and not one byte read: the server
+    stops answering once its buffers are full and aborts the connection after
+    write_timeout; the slot is free again, and the client gets what the kernel held,
+    then the end."""
+    server = running(write_timeout=0.5, max_connections=1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(TIMEOUT)
+    sock.connect((HOST, server.port))
+    with sock:
+        sock.sendall(get("/big") * 3000)
+        deadline = time.monotonic() + TIMEOUT
+        while not any(c._write_paused for c in list(server.http.connections)):
+            assert time.monotonic() < deadline, "the answers never filled the buffers"
+            time.sleep(0.01)
+        while server.http.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not server.http.connections
+        received = 0  # what the kernel still held for it, then the end
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        assert received < 100 * 1_000_000  # not the 3,000 answers
+    with connect(server.port) as again:  # the one slot serves again
+        again.sendall(get("/a"))
+        assert read_response(again)[0] == 200
+
+
+@pytest.mark.backs("docs/serving.md", "it never holds a slot")
+def test_sockets_over_the_bound_are_answered_at_once_and_hold_no_slot(running):
+    server = running(max_connections=2)
+    held = [connect(server.port), connect(server.port)]
+    for sock in held:
+        sock.sendall(get("/a"))
+        assert read_response(sock)[0] == 200
+    extra = [connect(server.port) for _ in range(50)]  # they send nothing
+    try:
+        for sock in extra:
+            status, headers, body = read_response(sock)  # without asking
+            assert (status, headers["retry-after"], headers["connection"]) == (503, "1", "close")
+            assert "at most 2 open connections" in json.loads(body)["error"]
+            assert closed(sock)
+        assert len(server.http.connections) == 2
+        held.pop().close()
+        deadline = time.monotonic() + TIMEOUT
+        while len(server.http.connections) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with connect(server.port) as legitimate:  # the extra sockets are still open here
+            legitimate.sendall(get("/b"))
+            assert read_response(legitimate)[0] == 200
+    finally:
+        for sock in held + extra:
+            sock.close()
+    deadline = time.monotonic() + TIMEOUT
+    while server.http.refused and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not server.http.refused  # gone within a second of their answer
+
+
+def test_the_serving_extra_asks_for_an_httptools_with_llhttps_fix():
+    """httptools 0.6.0-0.6.2 bundle llhttp 8.1.1 (CVE-2024-27982: a Content-Length hidden
+    behind obs-fold); 0.6.3 has the fix, and the installed one is at least that."""
+    with open(os.path.join(REPOSITORY, "pyproject.toml"), "rb") as file:
+        serving = tomllib.load(file)["project"]["optional-dependencies"]["serving"]
+    [floor] = [re.fullmatch(r"httptools>=([\d.]+)", r).group(1) for r in serving
+               if r.startswith("httptools")]
+    assert tuple(map(int, floor.split("."))) >= (0, 6, 3)
+    assert tuple(map(int, httptools.__version__.split(".")[:3])) >= (0, 6, 3)

@@ -405,6 +405,15 @@ MALFORMED = [
      "Malformed HTTP request"),
     ("HTTP/1.1 without Host", f"GET {MODEL} HTTP/1.1\r\n\r\n".encode(), 400,
      "Malformed HTTP request"),
+    ("Host twice", f"GET {MODEL} HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n".encode(), 400,
+     "more than one Host header"),
+    ("Host invalid", f"GET {MODEL} HTTP/1.1\r\nHost: a b@c/d\r\n\r\n".encode(), 400,
+     "an invalid Host header"),
+    ("chunk extensions over max_body_bytes",
+     # A 20-byte body in chunks whose extensions run to 1 MB: the raw bytes count.
+     http("POST", PREDICT, headers=_CHUNKED, content_length=False)
+     + b"".join(b"2;x=%s\r\nab\r\n" % (b"e" * 100_000) for _ in range(10)), 413,
+     f"exceeds {MAX_BODY_BYTES} bytes"),
     # Methods and paths.
     ("GET on :predict", http("GET", PREDICT), 405, "Method GET is not allowed here; use POST"),
     ("PUT on :predict", _post({"instances": ["a"]}).replace(b"POST", b"PUT", 1), 405,
@@ -413,6 +422,10 @@ MALFORMED = [
     ("POST on the metadata URL", _post({}, MODEL + "/metadata"), 405, "use GET"),
     ("POST on the metrics URL", _post({}, "/monitoring/prometheus/metrics"), 405, "use GET"),
     ("unknown path", http("GET", "/nothing/here"), 404, "No such endpoint"),
+    # Routed on the path as sent: %2F is no separator, so a proxy's path rules hold.
+    ("metrics path with %2F", http("GET", "/monitoring%2Fprometheus%2Fmetrics"), 404,
+     "No such endpoint"),
+    ("model path with %2F", http("GET", "/v1/models%2F" + NAME), 404, "No such endpoint"),
     ("unknown path under the model", http("GET", MODEL + "/signatures"), 404,
      "No such endpoint"),
     ("unknown model name", _post({"instances": ["a"]}, "/v1/models/other:predict"), 404,
@@ -454,6 +467,29 @@ def test_malformed_request_is_answered_with_a_json_error_and_the_server_keeps_se
     assert list(error) == ["error"] and isinstance(error["error"], str)
     assert phrase in error["error"]
     assert_still_serving(server)
+
+
+def test_head_is_get_without_the_body_and_a_405_names_the_methods_allowed(server):
+    with socket.create_connection((HOST, server.port), timeout=ANSWER_TIMEOUT) as sock:
+        sock.sendall(http("HEAD", MODEL, content_length=False) + http("GET", MODEL))
+        data = b""
+        while data.count(b"\r\n\r\n") < 2:  # HEAD's head, then GET's head
+            data += sock.recv(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and rest.startswith(b"HTTP/1.1 200 ")
+        length = int(re.search(rb"content-length: (\d+)", head).group(1))
+        assert length > 0  # GET's length, with no body after it
+    for method, path, allow in [("GET", PREDICT, "POST"), ("POST", MODEL, "GET, HEAD"),
+                                ("DELETE", "/monitoring/prometheus/metrics", "GET, HEAD")]:
+        response = exchange(server.port, http(method, path))
+        assert (response.status, response.headers["allow"]) == (405, allow)
+
+
+def test_an_absolute_form_target_is_served_like_its_path(server):
+    response = exchange(server.port, f"GET http://example.org:8501{MODEL} HTTP/1.1\r\n"
+                                     f"Host: {HOST}\r\n\r\n".encode())
+    assert response.status == 200
+    assert json.loads(response.body)["model_version_status"][0]["state"] == "AVAILABLE"
 
 
 def test_there_are_at_least_40_malformed_cases():
@@ -511,7 +547,7 @@ def test_chunked_body_is_read(server):
     assert (response.status, json.loads(response.body)) == (200, server.good)
 
 
-@pytest.mark.backs("docs/serving.md", "predicts in flight (503 beyond)")
+@pytest.mark.backs("docs/serving.md", "predicts in flight; the batch queue")
 def test_predicts_over_max_concurrent_requests_get_503_with_retry_after(server, monkeypatch):
     """docs/serving.md, "Limits and timeouts": `--max-concurrent-requests` predicts in
     flight, 503 beyond."""

@@ -291,6 +291,9 @@ def _add_serve(command, native_logs):
                                             "once the buffers are full (then it is cut off)"),
         ("--file-system-poll-wait-seconds", non_negative_float,
          "seconds between polls for new versions (0: never)"),
+        ("--max-num-load-retries", non_negative_int,
+         "tries after a failed load of a version (0: one try)"),
+        ("--load-retry-interval-micros", non_negative_int, "microseconds between those tries"),
         ("--warmup-threads", positive_int, "warm-up requests replayed at once"),
     ):
         name = flag[2:].replace("-", "_")

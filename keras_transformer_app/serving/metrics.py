@@ -18,7 +18,12 @@ class ServingMetrics:
     * `keras_transformer_batch_size`: instances per signature call, a histogram;
     * `keras_transformer_queue_depth`: instances waiting for a batch;
     * `keras_transformer_warmup_seconds{model_name, version}`: how long each
-      loaded version's warm-up took.
+      loaded version's warm-up took;
+    * `keras_transformer_load_attempts_total{model_name, version, outcome}`: tries
+      to load a version, by outcome ("success" or "failure");
+    * `keras_transformer_load_retry_delay_seconds{model_name, version}`: the wait
+      before the next try of a version whose load failed; 0 once it has loaded or
+      has no tries left.
     """
 
     def __init__(self, queue_depth):
@@ -40,6 +45,13 @@ class ServingMetrics:
         depth.set_function(queue_depth)
         self.warmup_seconds = prometheus.Gauge(
             "keras_transformer_warmup_seconds", "Time the warm-up of a version took.",
+            ["model_name", "version"], registry=self.registry)
+        self.load_attempts = prometheus.Counter(
+            "keras_transformer_load_attempts", "Tries to load a version, by outcome.",
+            ["model_name", "version", "outcome"], registry=self.registry)
+        self.load_retry_delay = prometheus.Gauge(
+            "keras_transformer_load_retry_delay_seconds",
+            "Wait before the next try of a version whose load failed (0: none due).",
             ["model_name", "version"], registry=self.registry)
         self.content_type = prometheus.CONTENT_TYPE_LATEST
 

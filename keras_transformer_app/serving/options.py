@@ -1,7 +1,7 @@
 """The server's options: TensorFlow Serving's model-server flags, for the built-in server.
 
 `ServerOptions` holds what `tensorflow_model_server` takes as flags (the REST
-port, `--file_system_poll_wait_seconds`, the batching parameters) together
+port, `--file_system_poll_wait_seconds`, the load retries, the batching parameters) together
 with the limits and timeouts a server facing the network needs: each is
 checked when the options are made, so a bad value fails before the port is
 bound.
@@ -37,6 +37,10 @@ class ServerOptions:
         graceful_shutdown_seconds: Longest wait for requests in flight on SIGTERM.
         file_system_poll_wait_seconds: Seconds between polls for new versions
             (TensorFlow Serving's flag); 0 disables polling.
+        max_num_load_retries: Tries after a failed load of a version
+            (TensorFlow Serving's flag and default); 0 tries each version once.
+        load_retry_interval_micros: Microseconds between those tries
+            (TensorFlow Serving's flag and default, 1 minute).
         warmup_threads: Warm-up requests replayed at once.
         batching: `BatchingParameters`.
         compute_type: CTranslate2's compute type for a CTranslate2 export
@@ -64,6 +68,8 @@ class ServerOptions:
     write_timeout: float = 30.0
     graceful_shutdown_seconds: float = 30.0
     file_system_poll_wait_seconds: float = 1.0
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60_000_000
     warmup_threads: int = 2
     batching: BatchingParameters = dataclasses.field(default_factory=BatchingParameters)
     compute_type: str = "default"
@@ -76,7 +82,8 @@ class ServerOptions:
         from keras_transformer.inference.ctranslate2 import COMPUTE_TYPES
 
         validation.check_choice("compute_type", self.compute_type, COMPUTE_TYPES)
-        validation.check_non_negative_int("intra_threads", self.intra_threads)
+        for name in ("intra_threads", "max_num_load_retries", "load_retry_interval_micros"):
+            validation.check_non_negative_int(name, getattr(self, name))
         for name in ("max_instances", "max_chars", "max_body_bytes", "max_connections",
                      "max_concurrent_requests", "backlog", "warmup_threads"):
             validation.check_positive_int(name, getattr(self, name))

@@ -71,20 +71,23 @@ class TranslationServer:
     def __init__(self, base_path, options=ServerOptions(), log=None):
         self.options = options
         self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-        # Fail at once, before binding, when there is nothing to serve.
-        versions.latest_version_path(base_path)
         base = os.path.normpath(base_path)
         if versions.is_version_folder(base):
             base_name = os.path.dirname(os.path.abspath(base))
         else:
             base_name = os.path.abspath(base)
         self.name = options.name or os.path.basename(base_name)
+        self.manager = ModelManager(
+            base, self._load_servable, poll_seconds=options.file_system_poll_wait_seconds,
+            log=self._log, max_num_load_retries=options.max_num_load_retries,
+            load_retry_interval=options.load_retry_interval_micros / 1e6,
+            on_load_attempt=self._count_load_attempt)
+        # Fail at once, before binding, when there is nothing to serve or the options do
+        # not fit what there is (a mistake that no retry of the load would mend).
+        self._check_engine_options(self.manager.latest_path())
         self.metrics = ServingMetrics(lambda: self.scheduler.queue_depth)
         self.scheduler = BatchScheduler(options.batching,
                                         on_batch=self.metrics.batch_size.observe)
-        self.manager = ModelManager(base, self._load_servable,
-                                    poll_seconds=options.file_system_poll_wait_seconds,
-                                    log=self._log)
         self._in_flight = 0
         self._loaded = threading.Event()
         self._load_error = None
@@ -103,17 +106,24 @@ class TranslationServer:
 
     # Lifecycle.
 
+    def _check_engine_options(self, version_path):
+        """Raises a ValueError for CTranslate2's options given for a SavedModel version."""
+        options = self.options
+        if versions.engine(version_path) != "saved_model":
+            return
+        given = [flag for flag, value in (("compute_type", options.compute_type != "default"),
+                                          ("intra_threads", options.intra_threads)) if value]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ValueError(f"{' and '.join(given)} {verb} only to CTranslate2 exports, "
+                             f"and {version_path!r} is a SavedModel.")
+
     def _open(self, version_path):
         """The servable of a version: a SavedModel's, or a CTranslate2 export's run
         with the options' compute type, one CTranslate2 call per batch thread."""
         options = self.options
+        self._check_engine_options(version_path)
         if versions.engine(version_path) == "saved_model":
-            given = [flag for flag, value in (("compute_type", options.compute_type != "default"),
-                                              ("intra_threads", options.intra_threads)) if value]
-            if given:
-                verb = "applies" if len(given) == 1 else "apply"
-                raise ValueError(f"{' and '.join(given)} {verb} only to CTranslate2 exports, "
-                                 f"and {version_path!r} is a SavedModel.")
             return Servable(version_path, options.max_instances, options.max_chars)
         from keras_transformer_app.serving.ctranslate2 import CTranslate2Servable
 
@@ -146,6 +156,10 @@ class TranslationServer:
         self.metrics.warmup_seconds.labels(self.name, str(servable.version)).set(
             servable.warmup_seconds)
         return servable
+
+    def _count_load_attempt(self, version, outcome, retry_in):
+        self.metrics.load_attempts.labels(self.name, str(version), outcome).inc()
+        self.metrics.load_retry_delay.labels(self.name, str(version)).set(retry_in or 0)
 
     def _load_first_version(self):
         try:
@@ -366,9 +380,12 @@ class TranslationServer:
 
     def _servable(self, version):
         servable = self.manager.servable
-        if servable is None:
+        if servable is None and not self._loaded.is_set():
             raise RequestError(f"{self.name} is loading and warming up: no version is "
                                "AVAILABLE yet.", 503)
+        if servable is None:
+            raise RequestError(f"No version of {self.name} is AVAILABLE: "
+                               f"{self.manager.unavailable}.", 503)
         if version is not None and version != servable.version:
             raise RequestError(f"Version {version} of {self.name} is not AVAILABLE; version "
                                f"{servable.version} is.", 404)

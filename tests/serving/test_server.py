@@ -3,9 +3,10 @@ tiny exported model, once as a SavedModel and once as a CTranslate2 export (ever
 test runs for both engines): client mistakes down to malformed HTTP answered with a
 4xx JSON error and the server still serving, batching that answers what
 serial requests answer, a full batch queue answered 503, versions picked up
-only once complete and warmed up, a SIGTERM that answers the requests in
-flight, and Prometheus metrics. The batching scheduler alone is tested in
-`test_serving_batching.py`.
+only once complete and warmed up, a 503 that says why once every version is
+removed, a SIGTERM that answers the requests in flight, and Prometheus metrics.
+The batching scheduler alone is tested in `test_batching.py`, the manager
+alone in `test_manager.py`.
 
 The server does not depend on the backend a model was trained under: this
 file runs once, in the TensorFlow-backend pass of the suite. One model is
@@ -873,6 +874,49 @@ def test_a_new_version_is_served_once_complete_and_warmed_up(model, tmp_path, mo
         available = [i for i, line in enumerate(log) if line.startswith("Version 3 AVAILABLE")]
         assert replayed and available and replayed[0] < available[0], log
         assert not any("Internal error" in line or "failed" in line for line in log), log
+    finally:
+        polling.shutdown()
+
+
+def _write_placeholder_version(path):
+    """A folder that `versions.is_version` takes for a SavedModel version."""
+    os.makedirs(path / "assets.extra")
+    for name in ("saved_model.pb", "assets.extra/keras_transformer.json"):
+        (path / name).write_text("{}")
+
+
+@pytest.mark.backs("docs/serving.md", "predict answers 503 with an error that says why")
+def test_with_every_version_removed_predict_answers_503_saying_why(tmp_path, monkeypatch):
+    base = tmp_path / NAME
+    for version in (1, 2):
+        _write_placeholder_version(base / str(version))
+
+    def load(server, version_path):  # no model: what the manager needs of a servable
+        return types.SimpleNamespace(version=int(os.path.basename(version_path)),
+                                     warmup_seconds=0.0)
+
+    monkeypatch.setattr(TranslationServer, "_load_servable", load)
+    polling = start_server(str(base), [])  # polls only when the test calls poll()
+    port = polling.port
+    try:
+        polling.wait_until_available(ANSWER_TIMEOUT)
+        shutil.rmtree(base / "2")
+        polling.manager.poll()
+        assert polling.manager.servable.version == 1
+        shutil.rmtree(base / "1")
+        polling.manager.poll()
+        response = exchange(port, _post({"instances": [GOOD_SENTENCE]}))
+        assert response.status == 503 and response.headers["retry-after"] == "1"
+        assert json.loads(response.body) == {"error": (
+            f"No version of {NAME} is AVAILABLE: every version was removed from {base}; one "
+            "copied or exported there is served.")}
+        status, body = request(port, "GET", MODEL)
+        assert status == 200 and [(s["version"], s["state"]) for s in
+                                  body["model_version_status"]] == [("2", "END"), ("1", "END")]
+        text = metrics_text(port)
+        for version in (1, 2):
+            assert metric_value(text, "keras_transformer_load_attempts_total{model_name="
+                                      f'"{NAME}",outcome="success",version="{version}"}}') == 1
     finally:
         polling.shutdown()
 

@@ -12,6 +12,10 @@ its feed-forward network. Each `call` writes its sublayers out one after the
 other, the LayerNorm after the residual add (post-norm), or before the
 sublayer in the visible `if` of pre-norm. `attention_weights` gives the
 blocks' attention weights, for plots.
+
+Both blocks take Keras's implicit mask (`keras.layers.Embedding(mask_zero=True)`,
+`keras.layers.Masking`) as their padding mask where none is passed explicitly,
+and hand the mask of `inputs` on to the next layer.
 """
 
 import keras
@@ -20,6 +24,17 @@ from keras import ops
 from keras_transformer import backend, validation
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+
+
+def _without_keras_mask(tensor):
+    """`tensor` as a new tensor, without the Keras mask that rides on the old one.
+
+    The block has taken the mask as its padding mask. Its sublayers would find
+    it again on the tensor, and the attention's projections, which take no
+    mask, would warn that they drop it. The blocks call this only when Keras
+    hands them a mask: a call without one copies nothing.
+    """
+    return ops.copy(tensor)
 
 
 class _Block(keras.layers.Layer):
@@ -39,6 +54,8 @@ class _Block(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # The output keeps the mask of `inputs` (Layer.compute_mask's default).
+        self.supports_masking = True
         validation.check_choice("norm_position", norm_position, validation.NORM_POSITIONS)
         validation.check_rate("dropout_rate", dropout_rate)
         self._num_heads = num_heads
@@ -125,9 +142,15 @@ class EncoderBlock(_Block):
         inputs: (batch, S, d_model) float tensor.
         padding_mask: (batch, S) bool, True for real tokens.
         training: Whether dropout is active.
+        mask: (batch, S) bool, the Keras mask of `inputs`, which Keras passes
+            itself when `inputs` carries one (after
+            `keras.layers.Embedding(mask_zero=True)`, say). It is the padding
+            mask when `padding_mask` is None; an explicit `padding_mask` wins.
+        inputs_mask: The same mask, under the name Keras passes it by when
+            `padding_mask` is a tensor too (and so wins over it).
 
     Returns:
-        (batch, S, d_model) tensor.
+        (batch, S, d_model) tensor, carrying the Keras mask of `inputs`.
 
     Example:
 
@@ -150,7 +173,14 @@ class EncoderBlock(_Block):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
-    def call(self, inputs, padding_mask=None, training=None):
+    def call(self, inputs, padding_mask=None, training=None, mask=None, inputs_mask=None):
+        # Keras passes the mask of `inputs` as `mask` when `inputs` is the only
+        # tensor argument, as `inputs_mask` beside a tensor `padding_mask`.
+        mask = inputs_mask if mask is None else mask
+        if mask is not None:
+            inputs = _without_keras_mask(inputs)
+            if padding_mask is None:
+                padding_mask = mask
         pre_norm = self._norm_position == "pre"
 
         # Multi-head self-attention (§3.2.2).
@@ -216,10 +246,17 @@ class DecoderBlock(_Block):
             num_heads * value_dim), from `initial_cache`; `encoder_outputs` is
             then not read.
         training: Whether dropout is active.
+        inputs_mask: (batch, T) bool, the Keras mask of `inputs`, which Keras
+            passes itself when `inputs` carries one; it is the decoder padding
+            mask when `decoder_padding_mask` is None (and there is no
+            `self_attention_cache`, whose keys it would not cover).
+        encoder_outputs_mask: (batch, S) bool, the Keras mask of
+            `encoder_outputs`, passed by Keras likewise; it is the encoder
+            padding mask when `encoder_padding_mask` is None.
 
     Returns:
-        (batch, T, d_model) tensor; with a `self_attention_cache`, the pair
-        `(outputs, updated_cache)`.
+        (batch, T, d_model) tensor, carrying the Keras mask of `inputs`; with a
+        `self_attention_cache`, the pair `(outputs, updated_cache)`.
 
     Example:
 
@@ -283,7 +320,19 @@ class DecoderBlock(_Block):
         cache_update_index=None,
         cross_attention_cache=None,
         training=None,
+        inputs_mask=None,
+        encoder_outputs_mask=None,
     ):
+        # Keras passes the mask each tensor argument carries as `<argument>_mask`;
+        # an explicit padding mask wins over it.
+        if inputs_mask is not None:
+            inputs = _without_keras_mask(inputs)
+            if decoder_padding_mask is None and self_attention_cache is None:
+                decoder_padding_mask = inputs_mask
+        if encoder_outputs_mask is not None:
+            encoder_outputs = _without_keras_mask(encoder_outputs)
+            if encoder_padding_mask is None:
+                encoder_padding_mask = encoder_outputs_mask
         if self_attention_cache is not None and cache_update_index is None:
             raise ValueError(
                 "self_attention_cache needs cache_update_index, the position of "

@@ -182,7 +182,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         start_index: Position of `inputs[:, 0]` (int or int scalar tensor).
 
     Returns:
-        (batch, T, d_model) encodings in the compute dtype, to add to `inputs`.
+        (batch, T, d_model) encodings in the compute dtype, to add to `inputs`;
+        they carry the Keras mask of `inputs`, if any.
 
     Example:
 
@@ -193,6 +194,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def __init__(self, max_wavelength=10000.0, **kwargs):
         super().__init__(**kwargs)
+        # The encodings carry the Keras mask of `inputs`, so that
+        # `keras.layers.Add()([inputs, encodings])` keeps it.
+        self.supports_masking = True
         self._max_wavelength = max_wavelength
         self.built = True
 
@@ -226,11 +230,14 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         start_index: Position of `inputs[:, 0]`.
 
     Returns:
-        (batch, T, d_model) position embeddings in the compute dtype.
+        (batch, T, d_model) position embeddings in the compute dtype, carrying
+        the Keras mask of `inputs`, if any.
     """
 
     def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
+        # As SinusoidalPositionEncoding: the output carries the mask of `inputs`.
+        self.supports_masking = True
         self._max_length = check_positive_int("max_length", max_length)
         self._initializer = keras.initializers.get(initializer)
 

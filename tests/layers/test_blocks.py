@@ -1,5 +1,9 @@
-"""Tests of §3.1 encoder and decoder blocks: residuals, LayerNorm, dropout, cache."""
+"""Tests of §3.1 encoder and decoder blocks: residuals, LayerNorm, dropout, cache,
+Keras's implicit masks."""
 
+import warnings
+
+import keras
 import numpy as np
 import pytest
 from helpers import run_layer_test, to_numpy
@@ -180,3 +184,109 @@ def test_indivisible_d_model_names_the_values():
 def test_bad_norm_position_is_an_error():
     with pytest.raises(ValueError, match="norm_position='middle'"):
         EncoderBlock(num_heads=2, d_ff=16, norm_position="middle")
+
+
+# Keras's implicit mask: ids 0 are padding for `Embedding(mask_zero=True)`. The source
+# has right padding; the target pads its first position, so that causality alone does
+# not hide the padding from the real positions after it.
+SOURCE_IDS = np.array([[3, 4, 5, 6, 7], [6, 7, 8, 0, 0]])
+TARGET_IDS = np.array([[2, 3, 4], [0, 5, 6]])
+
+
+def unmasked(tensor):
+    """The same values in a tensor that carries no Keras mask."""
+    return ops.convert_to_tensor(to_numpy(tensor))
+
+
+def masked_embeddings(ids):
+    """`Embedding(mask_zero=True)` of `ids`, and the same vectors without the mask."""
+    embedded = keras.layers.Embedding(10, 8, mask_zero=True)(ids)
+    return embedded, unmasked(embedded)
+
+
+def assert_close_at_real_positions(actual, expected, ids):
+    real = ids != 0
+    np.testing.assert_allclose(to_numpy(actual)[real], to_numpy(expected)[real], atol=1e-5)
+
+
+def assert_differs_at_real_positions(actual, expected, ids):
+    real = ids != 0
+    assert not np.allclose(to_numpy(actual)[real], to_numpy(expected)[real], atol=1e-3)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_encoder_block_takes_the_keras_mask_as_its_padding_mask(norm_position):
+    masked, plain = masked_embeddings(SOURCE_IDS)
+    block = EncoderBlock(num_heads=2, d_ff=16, norm_position=norm_position)
+    with warnings.catch_warnings():
+        # The sublayers get the inputs without the mask: none warns that it drops it.
+        warnings.filterwarnings("error", "Layer .* does not support masking")
+        implicit = block(masked)
+    assert_close_at_real_positions(implicit, block(plain, padding_mask=SOURCE_IDS != 0),
+                                   SOURCE_IDS)
+    assert_differs_at_real_positions(implicit, block(plain), SOURCE_IDS)
+
+
+def test_an_explicit_padding_mask_wins_over_the_keras_mask():
+    masked, plain = masked_embeddings(SOURCE_IDS)
+    block = EncoderBlock(num_heads=2, d_ff=16)
+    everything = np.ones_like(SOURCE_IDS, bool)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "Layer .* does not support masking")
+        overridden = block(masked, padding_mask=everything)
+    np.testing.assert_allclose(to_numpy(overridden), to_numpy(block(plain)), atol=1e-5)
+
+
+def test_encoder_block_passes_the_keras_mask_to_the_next_layer():
+    """Pooling after the block averages over the real positions only."""
+    ids = keras.Input((None,), dtype="int32")
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    block = EncoderBlock(num_heads=2, d_ff=16)
+    pooled = keras.layers.GlobalAveragePooling1D()(block(embedding(ids)))
+    model = keras.Model(ids, pooled)
+
+    outputs = to_numpy(block(unmasked(embedding(SOURCE_IDS)), padding_mask=SOURCE_IDS != 0))
+    real = (SOURCE_IDS != 0)[..., None]
+    expected = (outputs * real).sum(1) / real.sum(1)
+    np.testing.assert_allclose(to_numpy(model(SOURCE_IDS)), expected, atol=1e-5)
+    assert not np.allclose(expected, outputs.mean(1), atol=1e-3)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_decoder_block_takes_the_keras_masks_of_both_inputs(norm_position):
+    target, plain_target = masked_embeddings(TARGET_IDS)
+    source, plain_source = masked_embeddings(SOURCE_IDS)
+    block = DecoderBlock(num_heads=2, d_ff=16, norm_position=norm_position)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "Layer .* does not support masking")
+        implicit = block(target, source)
+    decoder_mask, encoder_mask = TARGET_IDS != 0, SOURCE_IDS != 0
+    assert_close_at_real_positions(
+        implicit, block(plain_target, plain_source, decoder_padding_mask=decoder_mask,
+                        encoder_padding_mask=encoder_mask), TARGET_IDS)
+    # Each mask changes the outputs: neither is dropped.
+    assert_differs_at_real_positions(
+        implicit, block(plain_target, plain_source, encoder_padding_mask=encoder_mask),
+        TARGET_IDS)
+    assert_differs_at_real_positions(
+        implicit, block(plain_target, plain_source, decoder_padding_mask=decoder_mask),
+        TARGET_IDS)
+
+
+def test_decoder_block_passes_the_keras_mask_of_its_inputs_to_the_next_layer():
+    target_ids = keras.Input((None,), dtype="int32")
+    source_ids = keras.Input((None,), dtype="int32")
+    target_embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    source_embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    block = DecoderBlock(num_heads=2, d_ff=16)
+    outputs = block(target_embedding(target_ids), source_embedding(source_ids))
+    model = keras.Model([target_ids, source_ids],
+                        keras.layers.GlobalAveragePooling1D()(outputs))
+
+    outputs = to_numpy(block(unmasked(target_embedding(TARGET_IDS)),
+                             unmasked(source_embedding(SOURCE_IDS)),
+                             decoder_padding_mask=TARGET_IDS != 0,
+                             encoder_padding_mask=SOURCE_IDS != 0))
+    real = (TARGET_IDS != 0)[..., None]
+    expected = (outputs * real).sum(1) / real.sum(1)
+    np.testing.assert_allclose(to_numpy(model([TARGET_IDS, SOURCE_IDS])), expected, atol=1e-5)

@@ -49,6 +49,21 @@ def test_sinusoidal_layer_start_index_shifts_positions():
     np.testing.assert_allclose(out[0], numpy_position_encoding(3, 8, start=4), atol=1e-5)
 
 
+@pytest.mark.parametrize("make", [SinusoidalPositionEncoding,
+                                  lambda: LearnedPositionEmbedding(max_length=8)],
+                         ids=["sinusoidal", "learned"])
+def test_position_encodings_pass_the_keras_mask_on(make):
+    """Embedding(mask_zero=True) + positions keeps the mask: pooling skips the padding."""
+    ids = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(10, 4, mask_zero=True)(ids)
+    summed = keras.layers.Add()([embedded, make()(embedded)])
+    model = keras.Model(ids, [summed, keras.layers.GlobalAveragePooling1D()(summed)])
+    padded = np.array([[3, 4, 0, 0], [5, 6, 7, 8]])
+    vectors, pooled = (to_numpy(x) for x in model(padded))
+    np.testing.assert_allclose(pooled[0], vectors[0, :2].mean(0), atol=1e-6)
+    np.testing.assert_allclose(pooled[1], vectors[1].mean(0), atol=1e-6)
+
+
 def test_token_embedding_contract():
     run_layer_test(
         TokenEmbedding, dict(vocab_size=11, d_model=6),

@@ -397,6 +397,47 @@ def test_a_compiled_model_loads_compiled_with_its_optimizer_state(tmp_path):
                                model.train_on_batch(inputs, labels), rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_a_model_saved_under_pytorch_trains_on_under_every_backend(tmp_path):
+    """Under PyTorch, Keras serializes its Adam as the backend's own class
+    (`keras.src.backend.torch.optimizers.torch_adam`); a JAX or TensorFlow process
+    rebuilt it as that class, and `fit` failed. The model now saves the optimizer as
+    `keras.optimizers.Adam` under every backend, and a file saved before that loads
+    with this backend's own Adam, its state kept."""
+    import json
+    import zipfile
+
+    import keras_transformer as kt
+
+    model = tiny_model()
+    model.compile(optimizer=kt.paper_adam(model.config.d_model, 10),
+                  loss=kt.LabelSmoothedCrossEntropy(0.1))
+    inputs = batch()
+    labels = inputs["target"]
+    model.train_on_batch(inputs, labels)
+    saved = tmp_path / "saved.keras"
+    model.save(saved)
+    with zipfile.ZipFile(saved) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(entries["config.json"])
+    optimizer = config["compile_config"]["optimizer"]
+    # keras.optimizers, or under TensorFlow the library's DenseGradientAdam.
+    assert optimizer["module"] in ("keras.optimizers", "keras_transformer.training.schedule")
+    optimizer.update(module="keras.src.backend.torch.optimizers.torch_adam",
+                     class_name="Adam", registered_name="Adam")  # as Keras 3.15 writes
+                                                                 # it under PyTorch
+    entries["config.json"] = json.dumps(config).encode()
+    as_under_pytorch = tmp_path / "pytorch.keras"
+    with zipfile.ZipFile(as_under_pytorch, "w") as archive:
+        for name, content in entries.items():
+            archive.writestr(name, content)
+    revived = keras.saving.load_model(as_under_pytorch)
+    assert type(revived.optimizer) is type(keras.optimizers.Adam())
+    assert int(keras.ops.convert_to_numpy(revived.optimizer.iterations)) == 1
+    np.testing.assert_allclose(revived.train_on_batch(inputs, labels),
+                               model.train_on_batch(inputs, labels), rtol=1e-5)
+
+
 def test_config_round_trip():
     model = tiny_model(norm_position="pre")
     revived = Transformer.from_config(model.get_config())

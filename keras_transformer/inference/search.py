@@ -42,12 +42,17 @@ def check_model(model):
         )
 
 
+#: The largest length penalty α: ((5 + length) / 6)^α stays finite in float32 for
+#: outputs of up to about 40,000 tokens.
+MAX_ALPHA = 10.0
+
+
 def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_return=1):
     """Raises a ValueError that names a bad search setting.
 
     Args:
         beam_size: A positive integer (4 in §6.1).
-        alpha: The length penalty's α, a number >= 0 (0.6 in §6.1).
+        alpha: The length penalty's α, a number from 0 to `MAX_ALPHA` (0.6 in §6.1).
         max_output_length: A positive integer, or None for source length + 50.
         num_return: Hypotheses returned per sentence, a positive integer no
             larger than `beam_size`.
@@ -55,6 +60,11 @@ def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_ret
     validation.check_positive_int("beam_size", beam_size, "4 in §6.1")
     validation.check_non_negative_number(
         "alpha", alpha, "0.6 in §6.1; 0 disables the length penalty")
+    if alpha > MAX_ALPHA:
+        raise ValueError(
+            f"alpha={alpha!r} is above {MAX_ALPHA:g}: the length penalty ((5 + length) / 6)^alpha "
+            "then overflows float32 and every hypothesis scores 0, so the ranking is "
+            "arbitrary. §6.1 uses 0.6; tuning usually tries 0 to 2.")
     if max_output_length is not None:
         validation.check_positive_int(
             "max_output_length", max_output_length,

@@ -80,6 +80,20 @@ def non_negative_float(text):
     return value
 
 
+#: The largest --alpha: the library's `keras_transformer.inference.search.MAX_ALPHA`,
+#: written here so that parsing loads no library (tests/test_cli.py checks they agree).
+MAX_ALPHA = 10.0
+
+
+def length_penalty(text):
+    """A length penalty α: a float from 0 to `MAX_ALPHA` (inf and NaN refused)."""
+    value = float(text)
+    if not 0 <= value <= MAX_ALPHA:
+        raise argparse.ArgumentTypeError(
+            f"must be a number from 0 to {MAX_ALPHA:g} (§6.1: 0.6), got {text}")
+    return value
+
+
 def rate(text):
     """A float in [0, 1): a dropout rate, a label-smoothing ε, a fraction."""
     value = float(text)
@@ -130,15 +144,16 @@ def positive_ints(text):
     return tuple(values)
 
 
-def non_negative_floats(text):
-    """A tuple of floats >= 0 from "0.6,0.8,1.0" (length penalties to try)."""
+def length_penalties(text):
+    """A tuple of length penalties α (each from 0 to `MAX_ALPHA`) from "0.6,0.8,1.0"."""
     try:
         values = tuple(float(part) for part in text.split(","))
     except ValueError:
         values = ()
-    if not values or any(not value >= 0 for value in values):
+    if not values or any(not 0 <= value <= MAX_ALPHA for value in values):
         raise argparse.ArgumentTypeError(
-            f"must be comma-separated non-negative numbers such as 0.6,0.8,1.0, got {text!r}")
+            f"must be comma-separated numbers from 0 to {MAX_ALPHA:g} such as 0.6,0.8,1.0, "
+            f"got {text!r}")
     return values
 
 
@@ -161,7 +176,7 @@ def steps_or_percent(text):
 # the flag is the destination with dashes (`beam_size` is --beam-size).
 SHARED = {
     "beam_size": dict(type=beam_size, default=4, help="beam size (§6.1: 4)"),
-    "alpha": dict(type=non_negative_float, default=0.6, help="length penalty α (§6.1: 0.6)"),
+    "alpha": dict(type=length_penalty, default=0.6, help="length penalty α (§6.1: 0.6)"),
     "native_logs": dict(action="store_true", help=NATIVE_LOGS_HELP),
 }
 
@@ -270,10 +285,15 @@ def _path_problem(kind, value, force=False):
 
 
 def _unmakeable(folder):
-    """Why `folder` cannot be made (a file in the way), or None."""
+    """Why `folder` cannot be made or written into (a file in the way, a read-only
+    folder or file system), or None: found before the command's work, not after."""
     folder = os.path.abspath(folder)
     while not os.path.exists(folder):
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder):
         return f"cannot be written: {folder!r} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        read_only = os.statvfs(folder).f_flag & os.ST_RDONLY
+        return (f"cannot be written: {folder!r} is "
+                + ("on a read-only file system" if read_only else "not writable by this user"))
     return None

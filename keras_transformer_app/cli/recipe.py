@@ -18,7 +18,7 @@ import sys
 from keras_transformer import validation
 from keras_transformer_app.cli import errors, options
 from keras_transformer_app.cli.options import (
-    non_negative_floats,
+    length_penalties,
     non_negative_int,
     path,
     positive_float,
@@ -112,7 +112,7 @@ OPTIONS = {
                                  "loss N positions at a time in training, so that the "
                                  "(tokens x vocabulary) logits never exist whole: less memory, "
                                  "and a faster step on a CPU (0: the whole batch at once)"),
-    "tune_alpha": dict(type=non_negative_floats, metavar="A,B,...",
+    "tune_alpha": dict(type=length_penalties, metavar="A,B,...",
                        help="before the test split, translate the validation split with each "
                             "of these length penalties (the averaged model's, else the final "
                             "one's) and use the one of highest lower-cased BLEU instead of "

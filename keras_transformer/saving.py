@@ -16,10 +16,14 @@ cache, downloads, hypotheses, SavedModel versions, CTranslate2 models) is writte
 through `atomic_path`: under a hidden temporary name beside its place,
 `.partial-PID-NAME`, then renamed, so a killed process never leaves a truncated file
 where a later reader would take it for whole. `remove_partials` deletes the leftovers
-of killed writers.
+of killed writers. A write that fails (a full disk, a folder made read-only meanwhile)
+leaves nothing behind either, and its error names the path the caller gave, not the
+temporary one; a full disk is an `OSError` with `errno.ENOSPC` whatever wrote the file
+(Python, HDF5, TensorFlow's SaveV2).
 """
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -43,7 +47,10 @@ def save_tokenizers(run_dir, source_tokenizer, target_tokenizer=None):
     separate = target_tokenizer is not None and target_tokenizer is not source_tokenizer
     tokenizers = (source_tokenizer, target_tokenizer) if separate else (source_tokenizer,)
     for tokenizer, directory in zip(tokenizers, tokenizer_directories(run_dir, separate)):
-        tokenizer.save(directory)
+        with atomic_path(directory) as partial:
+            tokenizer.save(partial)
+            if os.path.isdir(directory):  # a folder is renamed over an empty one only
+                shutil.rmtree(directory)
 
 
 def load_tokenizers(run_dir):
@@ -209,8 +216,70 @@ def atomic_path(final_path, overwrite=True):
             raise FileExistsError(f"{final_path} appeared while it was written; nothing was "
                                   "overwritten.")
         os.replace(partial, final_path)
+    except Exception as error:
+        _release_hdf5_files(partial)
+        _remove(partial)  # first: the free space said below counts without it
+        failure = _write_failure(error, partial, final_path)
+        if failure is None:
+            raise
+        raise failure from error
     finally:
         _remove(partial)
+
+
+_NO_SPACE = "No space left on device"
+
+
+def is_disk_full(error):
+    """Whether `error` says a disk is full: an `OSError` with `errno.ENOSPC`, or the
+    same said in the text of another library's error (TensorFlow's
+    `ResourceExhaustedError` from a SaveV2, HDF5's write failure)."""
+    return ((isinstance(error, OSError) and error.errno == errno.ENOSPC)
+            or _NO_SPACE in str(error))
+
+
+def _write_failure(error, partial, final_path):
+    """The `OSError` to raise for `error`, raised while `final_path` was written
+    under `partial`: one line naming `final_path`; None when `error` is not a
+    failure of the write itself (a bug, a signal, a model that cannot be saved)."""
+    if is_disk_full(error):
+        free = shutil.disk_usage(os.path.dirname(final_path)).free
+        return OSError(errno.ENOSPC, f"{_NO_SPACE} to write {final_path} ({_megabytes(free)} "
+                                     "free there): free some space, or write to another disk")
+    if isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM,
+                                                       errno.EDQUOT, errno.EIO):
+        reason = error.strerror or os.strerror(error.errno)
+        return OSError(error.errno, f"Cannot write {final_path}: {reason}")
+    if isinstance(error, OSError) and partial in str(error):
+        return type(error)(error.errno, str(error).replace(partial, final_path))
+    return None
+
+
+def _megabytes(size):
+    return f"{size / 2**20:,.1f} MB"
+
+
+def _release_hdf5_files(path):
+    """Closes the HDF5 files still open on `path` after a failed write.
+
+    A `.weights.h5` write that fails (a full disk) leaves HDF5 holding the file
+    with unwritten metadata: its cleanup at exit writes again, fails, and the
+    process ends in a segmentation fault. Truncating the file first gives that
+    last flush room, and the file is removed next in any case.
+    """
+    import sys
+
+    h5py = sys.modules.get("h5py")  # only imported if something wrote HDF5
+    if h5py is None:
+        return
+    for file_id in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
+        try:
+            if os.path.abspath(os.fsdecode(file_id.name)) != path:
+                continue
+            os.ftruncate(file_id.get_vfd_handle(), 0)
+            file_id.close()
+        except Exception:  # noqa: BLE001,S110  the file is removed next; nothing to save
+            pass
 
 
 def remove_partials(directory):

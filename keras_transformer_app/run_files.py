@@ -18,6 +18,7 @@ checkpoint averaging (§6.1), evaluation, export and serving all ask these two:
       logs/                  TensorBoard
       training_log.csv       one row per checkpoint window
       results.json           steps, time, BLEU, ...
+      model_options.json     the options that made the model, checked at every start
 
 Which model is the model: `model.keras`, always. `translate`, `evaluate`,
 `export` and `serve` given a run directory use it, and the recipes export it.
@@ -40,6 +41,7 @@ LOGS = "logs"
 TRAINING_LOG = "training_log.csv"
 VALIDATION_CURVE = "validation_curve.csv"  # a recipe's --validation-curve
 RESULTS = "results.json"
+MODEL_OPTIONS = "model_options.json"
 
 
 def path(run_dir, name):

@@ -461,8 +461,10 @@ def test_average_warns_of_missing_checkpoints_and_keeps_an_existing_output(tmp_p
     out, err = capsys.readouterr()
     averaged = tmp_path / "model_averaged.keras"
     assert out.strip() == f"Averaged 1 checkpoint into {averaged}"
-    assert err.strip() == (f"warning: --last 5 asks for 5 checkpoints, but {checkpoints} holds "
-                           "1: averaging 1")
+    assert err.strip().splitlines() == [
+        f"warning: --last 5 asks for 5 checkpoints, but {checkpoints} holds 1: averaging 1",
+        f"warning: no tokenizer beside {checkpoints / 'step-0000001.keras'} or in its run "
+        f"directory: copy the model's tokenizer/ folder beside {averaged} to translate with it"]
     written = averaged.stat().st_mtime_ns
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["average", "--run-dir", str(tmp_path), "--last", "1"])

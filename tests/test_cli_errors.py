@@ -135,7 +135,7 @@ def test_every_command_ends_a_mistake_with_one_error_line(argv, message, usage, 
 
 RECIPES = [
     (quickstart, ["--steps", "0"], "argument --steps: must be a positive integer", True),
-    (quickstart, ["--tune-alpha", ""], "must be comma-separated non-negative numbers", True),
+    (quickstart, ["--tune-alpha", ""], "must be comma-separated numbers from 0 to 10", True),
     (quickstart, ["--tune-alpha", "1", "--no-tune-alpha"],
      "argument --no-tune-alpha: not allowed with argument --tune-alpha", True),
     (quickstart, ["--run-dir", "{dir}/a_file", "--train-pairs", "50", "--steps", "1"],

@@ -303,7 +303,7 @@ def test_quickstart_trains_data_parallel(tmp_path):
     (["--cooldown-steps", "-1"], "argument --cooldown-steps: must be 0 or positive"),
     (["--cooldown-steps", "101%"], "or a percentage such as 40%"),
     (["--cooldown-steps", "x%"], "or a percentage such as 40%"),
-    (["--tune-alpha", "0.6,x"], "must be comma-separated non-negative numbers"),
+    (["--tune-alpha", "0.6,x"], "must be comma-separated numbers from 0 to 10"),
 ])
 def test_bad_option_values_are_rejected(arguments, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -182,6 +182,29 @@ def test_a_vocabulary_too_large_for_the_text_names_the_size_that_works(capfd, mo
         SubwordTokenizer.train(corpus.sources, largest + 1)
 
 
+def test_a_vocabulary_too_small_for_the_characters_names_the_size_that_works(capfd,
+                                                                             monkeypatch):
+    """`--vocab-size 5` was an 86-line traceback under SentencePiece's log: now one
+    ValueError names the smallest size that works, which trains, and the log stays
+    hidden."""
+    from keras_transformer_app import logs
+
+    monkeypatch.setattr(logs, "_QUIET", True)
+    corpus = synthetic_translation(60, seed=0)
+    in_a_child = sentencepiece_trainer.sentence_piece_proto
+    with pytest.raises(ValueError, match=r"at least (\d+) tokens") as error:
+        SubwordTokenizer.train(corpus.sources, 5, sentence_piece_trainer=in_a_child)
+    smallest = int(error.value.args[0].split("at least ")[1].split()[0])
+    assert "--vocab-size" in str(error.value) and error.value.__context__ is None
+    assert SubwordTokenizer.train(corpus.sources, smallest,
+                                  sentence_piece_trainer=in_a_child).vocab_size == smallest
+    with pytest.raises(ValueError, match=f"at least {smallest} tokens"):
+        SubwordTokenizer.train(corpus.sources, smallest - 1, sentence_piece_trainer=in_a_child)
+    assert "trainer_interface" not in capfd.readouterr().err
+    with pytest.raises(ValueError, match=f"at least {smallest} tokens"):  # the library's own
+        SubwordTokenizer.train(corpus.sources, smallest - 1)
+
+
 @pytest.mark.parametrize("lowercase", [False, True])
 def test_sentencepiece_learns_keras_hubs_model_here_and_in_the_programs_child(lowercase,
                                                                          monkeypatch):

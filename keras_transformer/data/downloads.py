@@ -31,7 +31,7 @@ MIRROR_VARIABLE = "KERAS_TRANSFORMER_DATA_MIRROR"
 CACHE_SUBDIR = os.path.join("datasets", "keras_transformer")
 
 
-class DownloadError(RuntimeError):
+class DownloadError(OSError):
     """A corpus could not be downloaded and verified; nothing of it was kept."""
 
 

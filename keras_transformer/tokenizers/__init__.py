@@ -148,19 +148,15 @@ class SubwordTokenizer:
             )
         if kind == "sentencepiece":
             learn = sentence_piece_trainer or learn_sentence_piece
-            largest = None
+            size_error = None
             try:
                 proto = learn(texts, sentence_piece_options(vocab_size, lowercase))
             except RuntimeError as error:
-                largest = _largest_vocabulary(error)
-                if largest is None:
+                size_error = vocabulary_size_error(error, vocab_size, len(texts))
+                if size_error is None:
                     raise
-            if largest is not None:
-                raise ValueError(
-                    f"vocab_size={vocab_size} is more than SentencePiece can learn from "
-                    f"these {len(texts):,} sentences: at most {largest} tokens, the special "
-                    f"ones included. Lower it (a recipe's --vocab-size) to {largest} or "
-                    "less, or train on more text.")
+            if size_error is not None:
+                raise size_error  # outside the except: SentencePiece's error is not its cause
             return cls("sentencepiece", proto, lowercase=lowercase)
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
             _text_dataset(texts), vocab_size, lowercase=lowercase,
@@ -350,12 +346,31 @@ def learn_sentence_piece(texts, options):
     return model.getvalue()
 
 
-def _largest_vocabulary(error):
-    """The largest vocabulary size SentencePiece's "Vocabulary size too high" error
-    names, or None for another error."""
-    match = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
-                      str(error))
-    return int(match.group(1)) if match else None
+def vocabulary_size_error(error, vocab_size, sentences):
+    """The `ValueError` to raise for SentencePiece's `error` when `vocab_size` is out
+    of the range that `sentences` texts allow, naming the bound; None for another error.
+
+    SentencePiece refuses a size above what the texts can give ("Vocabulary size too
+    high (N). Please set it to a value <= M.") and one below their characters and the
+    special tokens ("Vocabulary size is smaller than required_chars. N vs M.").
+    """
+    text = str(error)
+    largest = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)",
+                        text)
+    if largest:
+        return ValueError(
+            f"vocab_size={vocab_size} is more than SentencePiece can learn from these "
+            f"{sentences:,} sentences: at most {largest.group(1)} tokens, the special ones "
+            f"included. Lower it (a recipe's --vocab-size) to {largest.group(1)} or less, "
+            "or train on more text.")
+    smallest = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", text)
+    if smallest:
+        return ValueError(
+            f"vocab_size={vocab_size} is fewer than SentencePiece needs for these "
+            f"{sentences:,} sentences: at least {smallest.group(1)} tokens, one for each "
+            "character they use and the special ones. Raise it (a recipe's --vocab-size) "
+            f"to {smallest.group(1)} or more.")
+    return None
 
 
 def _to_python(values):

@@ -108,8 +108,9 @@ def average(args):
     """`keras-transformer average`: checkpoint averaging (§6.1). Warns when the run
     holds fewer checkpoints than --last, and refuses to replace an existing output
     without --force."""
+    from keras_transformer import saving
     from keras_transformer_app import run_files
-    from keras_transformer_app.training.averaging import average_checkpoints
+    from keras_transformer_app.training import averaging
     from keras_transformer_app.training.fit import list_checkpoints
 
     paths = args.checkpoints
@@ -127,8 +128,18 @@ def average(args):
     if os.path.exists(output) and not args.force:
         raise FileExistsError(f"{output} exists: add --force to replace it, or give "
                               "another --output.")
-    average_checkpoints(paths, output)
+    tokenizer_folder = averaging.tokenizer_folder(paths[-1])
+    tokenizers = (averaging.tokenizers_to_copy(tokenizer_folder, output)
+                  if tokenizer_folder else None)
+    averaging.average_checkpoints(paths, output)
     print(f"Averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} into {output}")
+    if tokenizers is not None:
+        saving.save_tokenizers(os.path.dirname(os.path.abspath(output)), *tokenizers)
+        print(f"Wrote the tokenizer of {tokenizer_folder} beside it")
+    elif tokenizer_folder is None:
+        print(f"warning: no tokenizer beside {paths[-1]} or in its run directory: "
+              f"copy the model's tokenizer/ folder beside {output} to translate with it",
+              file=sys.stderr)
 
 
 def export(args):

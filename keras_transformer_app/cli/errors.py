@@ -98,12 +98,12 @@ def check_backend():
 @contextlib.contextmanager
 def user_errors(flags=None):
     """Runs the block; a user's mistake (`USER_ERRORS`, or a missing optional package)
-    becomes one `error:` line and exit status 2, a NaN or infinite training loss or a
-    cluster's lost process one line and status 1, Ctrl-C a quiet exit with status 130,
-    SIGTERM (`Terminated`) one with status 143, and a closed stdout (`| head`) a quiet
-    exit with status 1, as Unix tools do. `flags` ({destination: flag}, by default
-    those of the parser given to `name_options_of`) names the command's options in
-    the line (`flag_names`)."""
+    becomes one `error:` line and exit status 2, a NaN or infinite training loss, a
+    cluster's lost process, a full disk or exhausted memory one line and status 1,
+    Ctrl-C a quiet exit with status 130, SIGTERM (`Terminated`) one with status 143,
+    and a closed stdout (`| head`) a quiet exit with status 1, as Unix tools do.
+    `flags` ({destination: flag}, by default those of the parser given to
+    `name_options_of`) names the command's options in the line (`flag_names`)."""
     try:
         with _signal_first():
             yield
@@ -122,19 +122,24 @@ def user_errors(flags=None):
         name = error.name or ""
         if name == "keras_transformer" or name.startswith("keras_transformer."):
             raise
-        fail(flag_names(str(error), flags or _flags_of_the_command_line()))
-    except (*USER_ERRORS, RuntimeError) as error:
-        if _out_of_memory(error):
-            fail(_OUT_OF_MEMORY.format(_first_line(error)), status=1)
-        if _failed_run(error):
-            fail(flag_names(str(error), flags or _flags_of_the_command_line()), status=1)
-        if not isinstance(error, USER_ERRORS):
-            raise
-        fail(flag_names(str(error), flags or _flags_of_the_command_line()))
-    except Exception as error:  # noqa: BLE001  only memory is answered; the rest is a bug
-        if not _out_of_memory(error):
-            raise
+        fail(flag_names(_text(error), flags or _flags_of_the_command_line()))
+    except Exception as error:  # noqa: BLE001  what is not answered below is a bug
+        _answer(error, flags or _flags_of_the_command_line())
+        raise
+
+
+def _answer(error, flags):
+    """Exits with one line for an `error` that is not a bug: a full disk or memory
+    (status 1: the machine's), a failed run (1), a user's mistake (2). Returns for
+    anything else, which the caller raises again."""
+    if _disk_full(error):
+        fail(_text(error).strip().splitlines()[0], status=1)
+    if _out_of_memory(error):
         fail(_OUT_OF_MEMORY.format(_first_line(error)), status=1)
+    if _failed_run(error):
+        fail(flag_names(_text(error), flags), status=1)
+    if isinstance(error, USER_ERRORS):
+        fail(flag_names(_text(error), flags))
 
 
 @contextlib.contextmanager
@@ -168,18 +173,33 @@ _OUT_OF_MEMORY = ("out of memory ({}): ask for less at once, e.g. a smaller --be
                   "--batch-size (or --tokens-per-batch when training)")
 
 
+def _disk_full(error):
+    """Whether `error` says a disk is full (the library's writes raise it as an
+    `OSError` naming the file)."""
+    from keras_transformer.saving import is_disk_full  # an error: the library is loaded
+
+    return is_disk_full(error)
+
+
 def _out_of_memory(error):
     """Whether `error` says the machine ran out of memory: Python's MemoryError, or the
     backends' own (TensorFlow's ResourceExhaustedError, XLA's RESOURCE_EXHAUSTED, torch's
     allocator)."""
     text = str(error)
+    if _disk_full(error):  # TensorFlow says RESOURCE_EXHAUSTED for a full disk too
+        return False
     return (isinstance(error, MemoryError)
             or type(error).__name__ in ("ResourceExhaustedError", "OutOfMemoryError")
             or "RESOURCE_EXHAUSTED" in text or "not enough memory" in text)
 
 
+def _text(error):
+    """`str(error)` without an `OSError`'s "[Errno 28] " before its words."""
+    return re.sub(r"^\[Errno \d+\] ", "", str(error))
+
+
 def _first_line(error):
-    lines = str(error).strip().splitlines()
+    lines = _text(error).strip().splitlines()
     return (lines[0] if lines else type(error).__name__)[:200]
 
 

@@ -10,6 +10,8 @@ import os
 import numpy as np
 from keras import ops
 
+from keras_transformer import saving
+
 
 def figure(**kwargs):
     try:
@@ -23,11 +25,11 @@ def figure(**kwargs):
 
 
 def save(figure, path):
+    """Writes `figure` as a PNG at `path` (its folder made), atomically: a full disk
+    leaves no half-drawn file, and its error names `path`. Returns `path`."""
     path = os.fspath(path)
-    folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    figure.savefig(path, format="png", dpi=100)
+    with saving.atomic_path(path) as partial:
+        figure.savefig(partial, format="png", dpi=100)
     return path
 
 

@@ -55,3 +55,38 @@ def average_checkpoints(paths, output_path=None):
     if output_path:
         saving.save_model(model, output_path)
     return model
+
+
+def tokenizer_folder(checkpoint_path):
+    """The folder whose tokenizer(s) go with `checkpoint_path`: its own folder,
+    or the run directory above a run's `checkpoints/`; None if neither holds one."""
+    folder = os.path.dirname(os.path.abspath(checkpoint_path))
+    for candidate in (folder, os.path.dirname(folder)):
+        if any(os.path.isdir(directory) for directory in
+               saving.tokenizer_directories(candidate)
+               + saving.tokenizer_directories(candidate, separate=True)):
+            return candidate
+    return None
+
+
+def tokenizers_to_copy(source_folder, output_path):
+    """The tokenizers of `source_folder` that must be written beside `output_path`
+    for the averaged model to translate as it is (`keras-transformer translate
+    OUTPUT`): `(source, target)`, or None when they are there already.
+
+    Raises:
+        FileExistsError: the output's folder holds another vocabulary.
+    """
+    output_folder = os.path.dirname(os.path.abspath(output_path))
+    if os.path.isdir(output_folder) and os.path.samefile(source_folder, output_folder):
+        return None
+    tokenizers = saving.load_tokenizers(source_folder)
+    try:
+        present = saving.load_tokenizers(output_folder)
+    except FileNotFoundError:
+        return tokenizers
+    if [t.fingerprint() for t in present] != [t.fingerprint() for t in tokenizers]:
+        raise FileExistsError(
+            f"{output_folder} holds the tokenizer of another model: write the averaged "
+            "model into another folder (--output).")
+    return None

@@ -234,9 +234,10 @@ class RunBackup(keras.callbacks.Callback):
         try:
             model.load_weights(weights_path)
         except Exception as error:
-            raise ValueError(
+            first_line = (str(error).strip().splitlines() or [""])[0][:160]
+            raise ValueError(  # Keras's message goes on with every variable: its first line
                 f"Cannot restore the backup {weights_path!r} ({type(error).__name__}: "
-                f"{error}): it does not match this model. A run directory holds one "
+                f"{first_line}): it does not match this model. A run directory holds one "
                 "model; pass another --run-dir for a different configuration."
             ) from error
 

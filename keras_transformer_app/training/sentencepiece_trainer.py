@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 
+from keras_transformer.tokenizers import vocabulary_size_error
 from keras_transformer_app import logs
 
 # SentencePiece's trainer, run by `sentence_piece_proto` in a process of its own: the
@@ -58,10 +59,10 @@ def sentence_piece_proto(texts, options):
     with logs.hidden_native_lines(tail_bytes=4000):
         kind, content, status = _run_trainer(texts, options)
         error = None if status == 0 and kind == b"model" else _error(kind, content, status)
-        if error is not None and "Vocabulary size too high" not in str(error):
+        if error is not None and vocabulary_size_error(error, 0, len(texts)) is None:
             raise error  # the end of its log is shown above the error
     if error is not None:
-        raise error  # the size: SubwordTokenizer.train names the largest that works
+        raise error  # the size: SubwordTokenizer.train names the bound that works
     return content
 
 

@@ -246,6 +246,9 @@ def test_the_library_refuses_the_same_length_penalties(alpha):
     with pytest.raises(ValueError, match="overflows float32"):
         check_search_options(alpha=alpha)
     check_search_options(alpha=MAX_ALPHA)
+    check_search_options(alpha=50.0, max_output_length=3)  # finite at that length
+    with pytest.raises(ValueError, match="overflows float32"):
+        check_search_options(alpha=50.0, max_output_length=100)
 
 
 @pytest.mark.slow

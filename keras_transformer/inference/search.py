@@ -19,6 +19,7 @@ unknown batch size and source width (the SavedModel, where XLA fixes them
 per input shape).
 """
 
+import math
 import weakref
 
 import numpy as np
@@ -42,9 +43,11 @@ def check_model(model):
         )
 
 
-#: The largest length penalty α: ((5 + length) / 6)^α stays finite in float32 for
-#: outputs of up to about 40,000 tokens.
+#: The largest length penalty α for a search of any output length: ((5 + length) / 6)^α
+#: stays finite in float32 up to about 40,000 tokens. A search whose `max_output_length`
+#: is given may take more, as long as the penalty stays finite at that length.
 MAX_ALPHA = 10.0
+_LOG_FLOAT32_MAX = 88.72  # log(3.4028235e38)
 
 
 def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_return=1):
@@ -52,7 +55,9 @@ def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_ret
 
     Args:
         beam_size: A positive integer (4 in §6.1).
-        alpha: The length penalty's α, a number from 0 to `MAX_ALPHA` (0.6 in §6.1).
+        alpha: The length penalty's α, a number from 0 to `MAX_ALPHA` (0.6 in §6.1),
+            or above when `max_output_length` is given and the penalty of an output of
+            that length is finite in float32.
         max_output_length: A positive integer, or None for source length + 50.
         num_return: Hypotheses returned per sentence, a positive integer no
             larger than `beam_size`.
@@ -60,15 +65,17 @@ def check_search_options(beam_size=4, alpha=0.6, max_output_length=None, num_ret
     validation.check_positive_int("beam_size", beam_size, "4 in §6.1")
     validation.check_non_negative_number(
         "alpha", alpha, "0.6 in §6.1; 0 disables the length penalty")
-    if alpha > MAX_ALPHA:
-        raise ValueError(
-            f"alpha={alpha!r} is above {MAX_ALPHA:g}: the length penalty ((5 + length) / 6)^alpha "
-            "then overflows float32 and every hypothesis scores 0, so the ranking is "
-            "arbitrary. §6.1 uses 0.6; tuning usually tries 0 to 2.")
     if max_output_length is not None:
         validation.check_positive_int(
             "max_output_length", max_output_length,
             f"or None for source length + {LENGTH_OFFSET} (§6.1)")
+    if (alpha > MAX_ALPHA if max_output_length is None
+            else alpha * math.log((5 + max_output_length) / 6) > _LOG_FLOAT32_MAX):
+        raise ValueError(
+            f"alpha={alpha!r} is too large: the length penalty ((5 + length) / 6)^alpha "
+            "overflows float32 for the longest outputs, which then score 0 and the ranking "
+            f"is arbitrary. Keep it at most {MAX_ALPHA:g} (§6.1 uses 0.6; tuning usually "
+            "tries 0 to 2).")
     validation.check_positive_int("num_return", num_return, "1 for the best hypothesis only")
     if num_return > beam_size:
         raise ValueError(

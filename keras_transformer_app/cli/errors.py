@@ -223,8 +223,6 @@ def option_flags(parser):
     (`beam_size` → `--beam-size`)."""
     import argparse
 
-    from keras_transformer_app import compat
-
     flags = {}
     for action, subparsers in compat.parser_actions(parser):
         if subparsers is not None:

@@ -61,7 +61,9 @@ averaged over heads (fairseq's option).
 --sample draws each token instead of running beam search (--temperature,
 --top-k, --top-p, --seed); with --n-best N it writes N samples per input, in
 the order drawn, and SCORE is log P(Y|X). A line's samples depend on the seed
-and its line number only, so the same command gives the same output.
+and its line number only, so the same command gives the same output, except
+with a CTranslate2 export as MODEL: --seed does not reproduce CTranslate2's
+samples (a warning says so).
 
   keras-transformer translate runs/quickstart < test.src > test.hyp
   keras-transformer translate runs/quickstart --n-best 4 < test.src | cut -f3
@@ -99,8 +101,8 @@ def build_parser():
     `commands` (`translate.run` for translate)."""
     parser = _Parser(
         prog="keras-transformer",
-        description="Translate, evaluate, plot and average with keras-transformer models. "
-                    "Train with python -m recipes.NAME.",
+        description="Translate, evaluate, plot, average, export and serve keras-transformer "
+                    "models. Train with python -m recipes.NAME.",
     )
     options.add(parser, "native_logs")
     # Every command takes it after its name too; SUPPRESS keeps the value

@@ -416,17 +416,11 @@ class Transformer(id_checks.IdCheckedModel, ChunkedLossModel, keras.Model):
             jit_compile = True
         super().compile(*args, jit_compile=jit_compile, **kwargs)
 
-    def get_compile_config(self):
-        """Keras's compile config, with the optimizer named as Keras's own class
-        (`_backend_neutral`), so that a model saved under one backend trains on
-        under the others."""
-        return _backend_neutral(super().get_compile_config())
-
     def compile_from_config(self, config):
-        """Compiles a model that `keras.saving.load_model` loads, as it was saved
-        (Keras skips, with a warning, any model whose `compile` is overridden), with
-        Keras's own optimizer class of this backend, whichever backend saved it."""
-        self.compile(**keras.saving.deserialize_keras_object(_backend_neutral(config)))
+        """Compiles a model that `keras.saving.load_model` loads, as it was saved (Keras
+        skips any model whose `compile` is overridden), with this backend's optimizer
+        whichever backend saved it (`backend.neutral_config`)."""
+        self.compile(**keras.saving.deserialize_keras_object(backend.neutral_config(config)))
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)  # its variables, for the weights
 
@@ -453,23 +447,3 @@ class Transformer(id_checks.IdCheckedModel, ChunkedLossModel, keras.Model):
     def from_config(cls, config):
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
-
-
-def _backend_neutral(config):
-    """`config` (a compile config, or any part of one) with each object of a backend's
-    own module named by its public one: under PyTorch, Keras serializes its `Adam` as
-    `keras.src.backend.torch.optimizers.torch_adam.Adam`, a class that a JAX or
-    TensorFlow process would rebuild as it is, and whose `fit` then fails. As
-    `keras.optimizers.Adam` it is rebuilt as each backend's own (a LossScaleOptimizer's
-    inner optimizer included)."""
-    if isinstance(config, list):
-        return [_backend_neutral(item) for item in config]
-    if not isinstance(config, dict):
-        return config
-    config = {key: _backend_neutral(value) for key, value in config.items()}
-    module, name = config.get("module"), config.get("class_name")
-    if (isinstance(module, str) and module.startswith("keras.src.backend.")
-            and ".optimizers." in module and hasattr(keras.optimizers, str(name))):
-        config.update(module="keras.optimizers", registered_name=None)
-    return config
-

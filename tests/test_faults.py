@@ -21,7 +21,7 @@ from keras_transformer import saving
 from keras_transformer.inference.search import MAX_ALPHA, check_search_options
 from keras_transformer_app import cli, run_files
 from keras_transformer_app.cli import errors, options
-from keras_transformer_app.training import run
+from keras_transformer_app.training import run_options
 from keras_transformer_app.training.run_options import RunOptions
 
 # What the command line does with a fault is the same under every backend.
@@ -280,7 +280,7 @@ def test_a_run_directory_refuses_other_model_options_in_one_line(tmp_path):
     def start(**changes):
         config = kt.TransformerConfig.tiny(vocab_size=100, **changes.pop("config", {}))
         changes.setdefault("steps", 10)
-        run._check_model_options(RunOptions(run_dir=str(tmp_path), **changes), config)
+        run_options.check_model_options(RunOptions(run_dir=str(tmp_path), **changes), config)
 
     start(vocab_size=320)
     recorded = saving.read_json(run_files.path(tmp_path, run_files.MODEL_OPTIONS))
@@ -300,7 +300,7 @@ def test_a_run_started_before_the_record_is_neither_checked_nor_recorded(tmp_pat
     import keras_transformer as kt
 
     (tmp_path / run_files.RESULTS).write_text(json.dumps({"phases": ["training"]}))
-    run._check_model_options(RunOptions(run_dir=str(tmp_path), steps=10, vocab_size=320),
+    run_options.check_model_options(RunOptions(run_dir=str(tmp_path), steps=10, vocab_size=320),
                              kt.TransformerConfig.tiny(vocab_size=100))
     assert not (tmp_path / run_files.MODEL_OPTIONS).exists()
 

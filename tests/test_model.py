@@ -401,9 +401,8 @@ def test_a_compiled_model_loads_compiled_with_its_optimizer_state(tmp_path):
 def test_a_model_saved_under_pytorch_trains_on_under_every_backend(tmp_path):
     """Under PyTorch, Keras serializes its Adam as the backend's own class
     (`keras.src.backend.torch.optimizers.torch_adam`); a JAX or TensorFlow process
-    rebuilt it as that class, and `fit` failed. The model now saves the optimizer as
-    `keras.optimizers.Adam` under every backend, and a file saved before that loads
-    with this backend's own Adam, its state kept."""
+    rebuilt it as that class, and `fit` failed. The model now loads such a file with
+    this backend's own Adam, its state kept."""
     import json
     import zipfile
 
@@ -421,8 +420,6 @@ def test_a_model_saved_under_pytorch_trains_on_under_every_backend(tmp_path):
         entries = {name: archive.read(name) for name in archive.namelist()}
     config = json.loads(entries["config.json"])
     optimizer = config["compile_config"]["optimizer"]
-    # keras.optimizers, or under TensorFlow the library's DenseGradientAdam.
-    assert optimizer["module"] in ("keras.optimizers", "keras_transformer.training.schedule")
     optimizer.update(module="keras.src.backend.torch.optimizers.torch_adam",
                      class_name="Adam", registered_name="Adam")  # as Keras 3.15 writes
                                                                  # it under PyTorch

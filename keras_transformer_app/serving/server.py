@@ -72,11 +72,8 @@ class TranslationServer:
         self.options = options
         self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         base = os.path.normpath(base_path)
-        if versions.is_version_folder(base):
-            base_name = os.path.dirname(os.path.abspath(base))
-        else:
-            base_name = os.path.abspath(base)
-        self.name = options.name or os.path.basename(base_name)
+        folder = os.path.dirname(base) if versions.is_version_folder(base) else base
+        self.name = options.name or os.path.basename(os.path.abspath(folder))
         self.manager = ModelManager(
             base, self._load_servable, poll_seconds=options.file_system_poll_wait_seconds,
             log=self._log, max_num_load_retries=options.max_num_load_retries,
@@ -108,15 +105,11 @@ class TranslationServer:
 
     def _check_engine_options(self, version_path):
         """Raises a ValueError for CTranslate2's options given for a SavedModel version."""
-        options = self.options
-        if versions.engine(version_path) != "saved_model":
-            return
-        given = [flag for flag, value in (("compute_type", options.compute_type != "default"),
-                                          ("intra_threads", options.intra_threads)) if value]
-        if given:
-            verb = "applies" if len(given) == 1 else "apply"
-            raise ValueError(f"{' and '.join(given)} {verb} only to CTranslate2 exports, "
-                             f"and {version_path!r} is a SavedModel.")
+        given = [flag for flag, value in (("compute_type", self.options.compute_type != "default"),
+                                          ("intra_threads", self.options.intra_threads)) if value]
+        if given and versions.engine(version_path) == "saved_model":
+            raise ValueError(f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} only "
+                             f"to CTranslate2 exports, and {version_path!r} is a SavedModel.")
 
     def _open(self, version_path):
         """The servable of a version: a SavedModel's, or a CTranslate2 export's run

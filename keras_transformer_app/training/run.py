@@ -51,7 +51,7 @@ from keras_transformer.inference import Translator
 from keras_transformer.model import Transformer
 from keras_transformer.training.compile import compile_model
 from keras_transformer_app import run_files
-from keras_transformer_app.training import distribution, scoring
+from keras_transformer_app.training import distribution, run_options, scoring
 from keras_transformer_app.training.averaging import average_checkpoints
 from keras_transformer_app.training.fit import (
     backup_step,
@@ -147,7 +147,7 @@ def run(splits, config, options):
         return _evaluate_again(options, test)
     if distributed.kind != "none":
         print(f"Devices: {distributed.description}")
-    _check_model_options(options, config, write=distributed.is_chief)
+    run_options.check_model_options(options, config, write=distributed.is_chief)
     tokenizer_pair = shared_tokenizers(
         distributed, options.run_dir, train, options.vocab_size, options.tokenizer,
         options.separate_vocabularies, options.tokenizer_sample, options.seed)
@@ -158,8 +158,7 @@ def run(splits, config, options):
                      write=distributed.is_chief)
     _say_where_it_resumes(record, options, total_steps)
     if distributed.is_chief:
-        for directory in (options.run_dir,
-                          run_files.path(options.run_dir, run_files.CHECKPOINTS)):
+        for directory in (options.run_dir, run_files.path(options.run_dir, run_files.CHECKPOINTS)):
             saving.remove_partials(directory)  # saves that a kill cut short
     with distributed.lost_peers():
         model = _train(record, config, options, total_steps, distributed, train_dataset,
@@ -199,41 +198,6 @@ def _start(options):
         backend.use_compilation_cache(run_files.path(options.run_dir,
                                                      run_files.COMPILATION_CACHE))
     return distributed
-
-
-# The options that make the model (its config, the vocabulary's size and layout); the
-# rest (steps, batch size, scoring, export) may change between sittings of one run.
-_VOCABULARY_OPTIONS = ("tokenizer", "vocab_size", "separate_vocabularies")
-_SIZED_BY_THE_TOKENIZER = ("vocab_size", "target_vocab_size")
-
-
-def _check_model_options(options, config, write=True):
-    """Records the model's options in `RUN_DIR/model_options.json` at the run's first
-    start; at a later start, refuses options that differ from them, in one line naming
-    each. Without the check, a finished run said "Nothing left to do" to `--d-model 64`
-    and an unfinished one failed on its backup with Keras's list of variables."""
-    wanted = {name: value for name, value in dataclasses.asdict(config).items()
-              if name not in _SIZED_BY_THE_TOKENIZER}
-    wanted.update({name: getattr(options, name) for name in _VOCABULARY_OPTIONS})
-    wanted = json.loads(json.dumps(wanted))  # tuples as lists, as read back
-    path = run_files.path(options.run_dir, run_files.MODEL_OPTIONS)
-    recorded = saving.read_json(path)
-    if recorded is None:
-        # A run started before the record was kept has none: it is not checked.
-        started = any(os.path.exists(run_files.path(options.run_dir, name)) for name in
-                      (run_files.RESULTS, run_files.BACKUP, saving.MODEL))
-        if write and not started:
-            saving.write_json(path, wanted)
-        return
-    changed = [name for name in wanted if name in recorded and recorded[name] != wanted[name]]
-    if changed:
-        def listed(values):
-            return ", ".join(f"{name}={values[name]}" for name in changed)
-
-        raise ValueError(
-            f"The run directory {options.run_dir} holds a model of {listed(recorded)}; this "
-            f"command asks for {listed(wanted)}. Give another --run-dir for a new model, or "
-            "this run's own options to go on with it.")
 
 
 def _sized_config(config, options, tokenizer_pair):

@@ -2,14 +2,18 @@
 
 Each field is the recipe option of the same name, and every value is checked where the
 options are made, so an impossible run is refused before any data is read.
-`keras_transformer_app.training.run.run` takes them.
+`keras_transformer_app.training.run.run` takes them. `check_model_options` keeps a run
+directory to the options that made its model.
 """
 
 import dataclasses
+import json
+import os
 from typing import Optional, Sequence, Union
 
-from keras_transformer import tokenizers
+from keras_transformer import saving, tokenizers
 from keras_transformer import validation as checks
+from keras_transformer_app import run_files
 from keras_transformer_app.training import distribution
 
 
@@ -139,3 +143,38 @@ def cooldown_steps(value, steps):
         return checks.check_non_negative_int("cooldown_steps", value)
     raise ValueError(f"cooldown_steps={value!r} must be steps (an integer >= 0) or a "
                      "percentage of the run such as '40%'.")
+
+
+# The options that make the model (its config, the vocabulary's size and layout); the
+# rest (steps, batch size, scoring, export) may change between sittings of one run.
+_VOCABULARY_OPTIONS = ("tokenizer", "vocab_size", "separate_vocabularies")
+_SIZED_BY_THE_TOKENIZER = ("vocab_size", "target_vocab_size")
+
+
+def check_model_options(options, config, write=True):
+    """Records the model's options in `RUN_DIR/model_options.json` at the run's first
+    start; at a later start, refuses options that differ from them, in one line naming
+    each. Without the check, a finished run said "Nothing left to do" to `--d-model 64`
+    and an unfinished one failed on its backup with Keras's list of variables."""
+    wanted = {name: value for name, value in dataclasses.asdict(config).items()
+              if name not in _SIZED_BY_THE_TOKENIZER}
+    wanted.update({name: getattr(options, name) for name in _VOCABULARY_OPTIONS})
+    wanted = json.loads(json.dumps(wanted))  # tuples as lists, as read back
+    path = run_files.path(options.run_dir, run_files.MODEL_OPTIONS)
+    recorded = saving.read_json(path)
+    if recorded is None:
+        # A run started before the record was kept has none: it is not checked.
+        started = any(os.path.exists(run_files.path(options.run_dir, name)) for name in
+                      (run_files.RESULTS, run_files.BACKUP, saving.MODEL))
+        if write and not started:
+            saving.write_json(path, wanted)
+        return
+    changed = [name for name in wanted if name in recorded and recorded[name] != wanted[name]]
+    if changed:
+        def listed(values):
+            return ", ".join(f"{name}={values[name]}" for name in changed)
+
+        raise ValueError(
+            f"The run directory {options.run_dir} holds a model of {listed(recorded)}; this "
+            f"command asks for {listed(wanted)}. Give another --run-dir for a new model, or "
+            "this run's own options to go on with it.")

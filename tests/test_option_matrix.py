@@ -43,7 +43,8 @@ BAD_VALUES = {
     "rate": ["-0.1", "1"],
     "port": ["-1", "65536"],
     "positive_ints": ["0,2", "x"],
-    "non_negative_floats": ["-1", "0.6,x"],
+    "length_penalty": ["-0.5", "nan", "inf", "1e308"],
+    "length_penalties": ["-1", "0.6,x", "0.6,inf"],
     "steps_or_percent": ["-1", "101%"],
     "model_name": ["a/b", ""],
     "text": [],  # any text: checked where it is used

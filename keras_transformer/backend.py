@@ -255,25 +255,3 @@ def write_cache(cache, index, update):
         return ops.slice_update(cache, [0, index, 0], update)
     cache.narrow(1, index, update.shape[1]).copy_(update)
     return cache
-
-
-def neutral_config(config):
-    """`config` (a compile config, or any part of one) with each object of a backend's
-    own module named by its public one: under PyTorch, Keras serializes its `Adam` as
-    `keras.src.backend.torch.optimizers.torch_adam.Adam`, a class that a JAX or
-    TensorFlow process would rebuild as it is, and whose `fit` then fails. As
-    `keras.optimizers.Adam` it is rebuilt as each backend's own (a LossScaleOptimizer's
-    inner optimizer included)."""
-    import keras
-
-    if isinstance(config, list):
-        return [neutral_config(item) for item in config]
-    if not isinstance(config, dict):
-        return config
-    config = {key: neutral_config(value) for key, value in config.items()}
-    module, name = config.get("module"), config.get("class_name")
-    if (isinstance(module, str) and module.startswith("keras.src.backend.")
-            and ".optimizers." in module and hasattr(keras.optimizers, str(name))):
-        config.update(module="keras.optimizers", registered_name=None)
-    return config
-

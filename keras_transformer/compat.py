@@ -19,6 +19,11 @@ on; `tests/test_compat.py` fails when a release changes what it relies on.
   `_name` and `_create_resource`), to give the model resource a name of its content: unnamed,
   a loaded SavedModel with a source and a target tokenizer made them one
   (`keras_transformer.tokenizers`). Tested with keras-hub 0.32.0 and tensorflow-text 2.21.1.
+- `neutral_config`: the module names Keras writes for its optimizers into a saved compile
+  config: under PyTorch its backend's own `keras.src.backend.torch.optimizers...`, which
+  `Transformer.compile_from_config` reads as `keras.optimizers` (no public API names a class
+  by the backend that loads it). `tests/test_model.py` checks a file written so on every
+  backend. Tested with keras 3.15.1.
 
 The program's own such use (argparse's list of actions) is `keras_transformer_app.compat`.
 """
@@ -67,3 +72,25 @@ def name_sentencepiece_resource(layer):
 
     unnamed = layer._sentence_piece._model_resource
     layer._sentence_piece._model_resource = ContentNamedResource(unnamed._model, unnamed._name)
+
+
+def neutral_config(config):
+    """`config` (a compile config, or any part of one) with each object of a backend's
+    own module named by its public one: under PyTorch, Keras serializes its `Adam` as
+    `keras.src.backend.torch.optimizers.torch_adam.Adam`, a class that a JAX or
+    TensorFlow process would rebuild as it is, and whose `fit` then fails. As
+    `keras.optimizers.Adam` it is rebuilt as each backend's own (a LossScaleOptimizer's
+    inner optimizer included)."""
+    import keras
+
+    if isinstance(config, list):
+        return [neutral_config(item) for item in config]
+    if not isinstance(config, dict):
+        return config
+    config = {key: neutral_config(value) for key, value in config.items()}
+    module, name = config.get("module"), config.get("class_name")
+    if (isinstance(module, str) and module.startswith("keras.src.backend.")
+            and ".optimizers." in module and hasattr(keras.optimizers, str(name))):
+        config.update(module="keras.optimizers", registered_name=None)
+    return config
+

@@ -11,7 +11,7 @@ key/value cache for decoding. Calling the model does both.
 import keras
 from keras import ops
 
-from keras_transformer import backend, id_checks
+from keras_transformer import backend, compat, id_checks
 from keras_transformer.chunked_loss import ChunkedLossModel
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers.blocks import DecoderBlock, EncoderBlock
@@ -419,8 +419,8 @@ class Transformer(id_checks.IdCheckedModel, ChunkedLossModel, keras.Model):
     def compile_from_config(self, config):
         """Compiles a model that `keras.saving.load_model` loads, as it was saved (Keras
         skips any model whose `compile` is overridden), with this backend's optimizer
-        whichever backend saved it (`backend.neutral_config`)."""
-        self.compile(**keras.saving.deserialize_keras_object(backend.neutral_config(config)))
+        whichever backend saved it (`compat.neutral_config`)."""
+        self.compile(**keras.saving.deserialize_keras_object(compat.neutral_config(config)))
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)  # its variables, for the weights
 

@@ -17,12 +17,14 @@ Keras's progress bars kept off stdout (`keras_transformer_app.logs.progress_bars
 
 import _thread
 import contextlib
+import gc
 import os
 import re
 import signal
 import sys
 import threading
 import time
+import traceback
 
 from keras_transformer_app import compat
 
@@ -137,9 +139,24 @@ def _answer(error, flags):
     if _out_of_memory(error):
         fail(_OUT_OF_MEMORY.format(_first_line(error)), status=1)
     if _failed_run(error):
+        _release_the_failed_work(error)
         fail(flag_names(_text(error), flags), status=1)
     if isinstance(error, USER_ERRORS):
         fail(flag_names(_text(error), flags))
+
+
+def _release_the_failed_work(error):
+    """Frees what the frames of `error`'s chain held, now, while the interpreter still
+    runs. TensorFlow's all-reduce leaves a `multiprocessing` ThreadPool open in its frame
+    when a lost worker raises through it; freed only at the interpreter's exit, the pool
+    printed `Exception ignored in: <function Pool.__del__ ...>` and a traceback after the
+    one error line."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+    gc.collect()
 
 
 @contextlib.contextmanager

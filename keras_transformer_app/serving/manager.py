@@ -121,9 +121,12 @@ class ModelManager:
             if self._stop.wait(min(wait, self._poll_seconds or wait)):
                 return
         if self._poll_seconds:
-            self._thread = threading.Thread(target=self._poll_loop, name="version-poll",
-                                            daemon=True)
-            self._thread.start()
+            # Started before it is shared: `stop()`, from a signal's handler in another
+            # thread, joins only a started thread ("cannot join thread before it is
+            # started" ended a SIGTERM right after AVAILABLE with status 1).
+            thread = threading.Thread(target=self._poll_loop, name="version-poll", daemon=True)
+            thread.start()
+            self._thread = thread
 
     def latest_path(self):
         """The folder of the highest complete version: the one the policy serves.

@@ -238,3 +238,27 @@ def test_removing_every_version_unloads_the_served_one(tmp_path):
     write_version(tmp_path, 5)
     served.poll()
     assert served.servable.version == 5
+
+
+def test_a_stop_between_the_polling_threads_creation_and_its_start_ends_it(tmp_path,
+                                                                         monkeypatch):
+    """SIGTERM right after AVAILABLE: the server's handler calls `stop()` while the
+    loading thread is about to start the polling one. `stop()` joined the thread it
+    had not started yet ("cannot join thread before it is started", exit status 1 in
+    tests/test_signals.py::test_serving[SIGTERM])."""
+    import threading
+
+    write_version(tmp_path, 1)
+    made = ModelManager(str(tmp_path), FakeLoad(), poll_seconds=0.01, log=lambda line: None)
+    start = threading.Thread.start
+
+    def stopped_first(thread):
+        if thread.name == "version-poll":
+            made.stop()
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", stopped_first)
+    made.start()
+    assert made.servable.version == 1
+    made._thread.join(timeout=5)
+    assert not made._thread.is_alive()  # it saw the stop and ended

@@ -151,11 +151,8 @@ def _release_the_failed_work(error):
     when a lost worker raises through it; freed only at the interpreter's exit, the pool
     printed `Exception ignored in: <function Pool.__del__ ...>` and a traceback after the
     one error line."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        error = error.__cause__ or error.__context__
+    for link in _chain(error):
+        traceback.clear_frames(link.__traceback__)
     gc.collect()
 
 
@@ -177,13 +174,18 @@ def _signal_first():
 def _interruption_behind(error):
     """The KeyboardInterrupt or `Terminated` that `error` was raised while handling,
     however far back in its chain of causes and contexts; None if there is none."""
+    return next((link for link in _chain(error)
+                 if isinstance(link, (KeyboardInterrupt, Terminated))), None)
+
+
+def _chain(error):
+    """`error`, then the error it was raised from or while handling, and so on back,
+    each once."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, (KeyboardInterrupt, Terminated)):
-            return error
         seen.add(id(error))
+        yield error
         error = error.__cause__ or error.__context__
-    return None
 
 
 _OUT_OF_MEMORY = ("out of memory ({}): ask for less at once, e.g. a smaller --beam-size or "

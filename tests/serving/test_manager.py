@@ -10,6 +10,7 @@ suite; each test calls `poll()` itself instead of waiting for the polling thread
 
 import os
 import shutil
+import threading
 import types
 
 import pytest
@@ -246,8 +247,6 @@ def test_a_stop_between_the_polling_threads_creation_and_its_start_ends_it(tmp_p
     loading thread is about to start the polling one. `stop()` joined the thread it
     had not started yet ("cannot join thread before it is started", exit status 1 in
     tests/test_signals.py::test_serving[SIGTERM])."""
-    import threading
-
     write_version(tmp_path, 1)
     made = ModelManager(str(tmp_path), FakeLoad(), poll_seconds=0.01, log=lambda line: None)
     start = threading.Thread.start

@@ -51,8 +51,8 @@ are in the history of this file in git.
 
 The sections down to "Analysis of the targets" are written by `python benchmarks/run_all.py`
 (the analysis by hand, after its run); a rerun replaces them and keeps the sections after them,
-which are written by hand from the printed tables of `decoding.py`, `gpu_all.sh` and
-`serving.py`."""
+which are written by hand from the printed tables of the other scripts, one section each with
+its command. What the tables show is read in [docs/performance.md](../docs/performance.md)."""
 DEFAULT_OUTPUT = os.path.join(HERE, "RESULTS.md")
 BACKENDS = ("tensorflow", "jax", "torch")
 PACKAGES = ("keras", "keras-hub", "tensorflow", "jax", "jaxlib", "torch", "numpy")

@@ -36,6 +36,11 @@ if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # `python benchmarks/x.py` reads this checkout's library
 
 from keras_transformer.data.toy_tasks import ToyVocabulary  # noqa: E402
+from keras_transformer_app.provenance import (  # noqa: E402, F401 (commit: the scripts')
+    commit,
+    cpu,
+    instruction_set,
+)
 
 FLOP_FORMULA = (
     "train FLOPs/step = 3 x forward; forward = B*N*[S*(8d^2+4df) + 4S^2d] (encoder)"
@@ -247,18 +252,9 @@ def current_rss_mb():
 
 
 def machine():
-    """CPU model, logical cores, OS and Python version."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    """CPU model, its widest vector instructions, logical cores, OS and Python version."""
     return {
-        "cpu": model,
+        "cpu": cpu(),
         "isa": instruction_set(),
         # The cap every engine ran under (`--max-isa`), with the variables that set it.
         "isa_cap": os.environ.get(ISA_CAP_VARIABLE),
@@ -269,17 +265,6 @@ def machine():
         "os": platform.platform(),
         "python": platform.python_version(),
     }
-
-
-def instruction_set():
-    """The widest x86 vector instructions the CPU has: "AVX-512", "AVX2", or "other"."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            flags = next((line.split(":", 1)[1].split() for line in file
-                          if line.startswith("flags")), [])
-    except OSError:
-        return "other"
-    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
 
 
 def backend_name():
@@ -296,6 +281,16 @@ def command_line(script, argv=None):
         shlex.quote(a) for a in [f"benchmarks/{script}", *arguments])
 
 
+def recorded_command(argv=None):
+    """The command that ran this process's script, with the backend it chose: what a
+    results file records to measure the same again."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPOSITORY)
+    arguments = sys.argv[1:] if argv is None else argv
+    backend = os.environ.get("KERAS_BACKEND")
+    return ((f"KERAS_BACKEND={backend} " if backend else "") + "python "
+            + " ".join(shlex.quote(a) for a in [script, *arguments]))
+
+
 def write_results(results, output=None):
     """Writes `results` to the `--output` JSON file, when one is given, then emits
     them as the final stdout line."""
@@ -307,9 +302,11 @@ def write_results(results, output=None):
 
 def emit(result):
     """Prints the script's result as its final stdout line: one JSON object, with the
-    machine it ran on (`machine()`: the CPU, its widest ISA, the `--max-isa` cap)."""
-    if isinstance(result, dict) and "machine" not in result:
-        result = {**result, "machine": machine()}
+    machine it ran on (`machine()`: the CPU, its widest ISA, the `--max-isa` cap), the
+    commit measured and the command, where the script gave none of its own."""
+    if isinstance(result, dict):
+        result = {"machine": machine(), "commit": commit(), "command": recorded_command(),
+                  **result}
     def clean(value):  # JSON has no NaN / inf
         if isinstance(value, float) and not math.isfinite(value):
             return None

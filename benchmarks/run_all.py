@@ -103,16 +103,7 @@ def versions():
             found[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             found[package] = "not installed"
-    try:
-        commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        # --no-optional-locks: never take the index lock of a checkout in use.
-        dirty = subprocess.run(["git", "--no-optional-locks", "-C", HERE, "status",
-                                "--porcelain", "--", ".."],
-                               capture_output=True, text=True, check=False).stdout.strip()
-        found["keras-transformer"] = commit + (" (uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        found["keras-transformer"] = "unknown commit"
+    found["keras-transformer"] = common.commit()
     return found
 
 
@@ -168,50 +159,56 @@ def number(value, digits=1):
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
-def _header(args, started, gpus):
-    """The report's title, introduction and the lines on the machine, the
-    versions, the command and the methods."""
-    info = common.machine()
+def _header(results):
+    """The report's title, introduction and the lines on the machine, the versions, the
+    command and the methods, from the run's `meta`."""
+    meta = results.get("meta", {})
     parts = ["# Benchmark results", "", INTRODUCTION, ""]
-    if args.quick:
+    if meta.get("quick"):
         parts += [("**QUICK MODE: tiny sizes and 2 steps, only to check that the scripts "
                    "run. These figures mean nothing.**"), ""]
-    minutes = (datetime.datetime.now() - started).seconds // 60
-    parts += [
-        (f"- Machine: {info['cpu']}, {info['logical_cores']} logical cores "
-         f"({info['usable_cores']} usable), {info['os']}, Python {info['python']}"),
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
-        (f"- Command: `python {' '.join(shlex.quote(a) for a in sys.argv)}` "
-         f"(took {minutes} min)"),
+    return parts + [_marked(results, "run_all.header", render("run_all.header", results))]
+
+
+def _header_lines(results):
+    """The machine, versions, command and methods of the run."""
+    meta = results["meta"]
+    info = meta["machine"]
+    lines = [
+        (f"- Machine: {info['cpu']} ({info.get('isa', 'instruction set not recorded')}), "
+         f"{info['logical_cores']} logical cores ({info['usable_cores']} usable), {info['os']}, "
+         f"Python {info['python']}"),
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        f"- Command: `{meta['command']}` (took {meta['minutes']} min)",
         f"- FLOPs: {common.FLOP_FORMULA}",
         ("- Training: `model.train_on_batch` loop for both Keras models with "
          "`compile(jit_compile=\"auto\")`, each model's own default (column XLA), eager "
          "loop for torch.nn.Transformer; random ids, no padding; memory is the peak RSS of "
          "each model's own process (`ru_maxrss`, framework included)."),
     ]
-    if gpus and all(gpu.get("skipped") for gpu in gpus.values()):
-        parts.append("- GPU: none visible here (`gpu.py` skipped).")
-    return parts
+    gpus = [value for key, value in results.items() if isinstance(key, tuple) and key[0] == "gpu"]
+    if gpus and all(gpu.get("skipped") for gpu in gpus):
+        lines.append("- GPU: none visible here (`gpu.py` skipped).")
+    return "\n".join(lines)
 
 
-def _matmul_section(results):
+def _matmul_table(results):
     """The matmul rates per library, if matmul.py ran."""
     matmul = results.get("matmul", {})
     if "gflops" not in matmul:
-        return []
+        return None
     shapes = matmul["shapes"]
-    return ["## Matmul rate (float32)", "",
-            table(("library", f"square {'×'.join(map(str, shapes['square']))} GFLOP/s",
-                   f"FFN-shaped {'×'.join(map(str, shapes['ffn']))} GFLOP/s", "threads"),
-                  [(name, number(r["square"]), number(r["ffn"]), r["threads"] or "default")
-                   for name, r in matmul["gflops"].items()]), ""]
+    return table(("library", f"square {'×'.join(map(str, shapes['square']))} GFLOP/s",
+                  f"FFN-shaped {'×'.join(map(str, shapes['ffn']))} GFLOP/s", "threads"),
+                 [(name, number(r["square"]), number(r["ffn"]), r["threads"] or "default")
+                  for name, r in matmul["gflops"].items()])
 
 
-def _training_section(results, backends):
+def _training_table(results):
     """Each model's training figures per backend and config, if training.py ran."""
     best = results.get("matmul", {}).get("best_gflops")
     rows = []
-    for backend in backends:
+    for backend in results["meta"]["backends"]:
         for config in ("default", "large"):
             training = results.get(("training", backend, config), {})
             for model, r in training.get("results", {}).items():
@@ -225,16 +222,15 @@ def _training_section(results, backends):
                              number(r["gflops"]),
                              f"{r['gflops'] / best:.0%}" if best else "n/a"))
     if not rows:
-        return []
-    return ["## Training throughput", "",
-            table(("backend", "config", "model", "XLA", "params", "target tokens/s",
-                   "median ms/step", "first step s", "peak RSS MiB", "GFLOP/s",
-                   "of best matmul"), rows), ""]
+        return None
+    return table(("backend", "config", "model", "XLA", "params", "target tokens/s",
+                  "median ms/step", "first step s", "peak RSS MiB", "GFLOP/s",
+                  "of best matmul"), rows)
 
 
-def _decoding_section(results, backends):
+def _decoding_table(results):
     """The cached and uncached searches' times per backend, if decoding.py ran."""
-    rows = []
+    backends, rows = results["meta"]["backends"], []
     for backend in backends:
         decoding = results.get(("decoding", backend), {})
         for method in ("greedy_cached", "greedy_uncached", "beam_cached", "beam_uncached"):
@@ -245,15 +241,16 @@ def _decoding_section(results, backends):
     lengths = next((results[("decoding", b)]["lengths"] for b in backends
                     if "lengths" in results.get(("decoding", b), {})), [])
     if not rows:
-        return []
-    return ["## Decoding: ms per new token (seconds per batch)", "",
-            table(("backend", "method", *[f"{n} tokens" for n in lengths]), rows), ""]
+        return None
+    return table(("backend", "method", *[f"{n} tokens" for n in lengths]), rows)
 
 
-def _gpu_section(gpus):
+def _gpu_table(results):
     """gpu.py's figures per backend, if it ran on a GPU for at least one."""
+    gpus = {backend: results[("gpu", backend)] for backend in results["meta"]["backends"]
+            if ("gpu", backend) in results}
     if not gpus or all(gpu.get("skipped") for gpu in gpus.values()):
-        return []
+        return None
     rows = []
     for backend, gpu in gpus.items():
         if gpu.get("skipped") or "error" in gpu:
@@ -264,30 +261,58 @@ def _gpu_section(gpus):
                          number(gpu["tokens_per_s"], 0), number(gpu["achieved_tflops"], 2),
                          "n/a" if gpu["mfu"] is None else f"{gpu['mfu']:.1%}",
                          number(gpu["peak_gpu_memory_mb"], 0)))
-    return ["## GPU", "", table(("backend", "run", "tokens/s", "TFLOP/s", "MFU",
-                                 "peak GPU MiB"), rows), ""]
+    return table(("backend", "run", "tokens/s", "TFLOP/s", "MFU", "peak GPU MiB"), rows)
 
 
-def report(results, backends, args, started):
-    """The Markdown report of the runs: the machine and versions, the targets,
-    a table per benchmark that ran, and the runs that failed."""
-    gpus = {backend: results[("gpu", backend)] for backend in backends
-            if ("gpu", backend) in results}
-    parts = _header(args, started, gpus)
-    parts += [
-        "", "## Targets", "",
-        table(("target", "backend", "measured", "required", "result"),
-              targets(results, backends)), "",
-    ]
-    parts += _matmul_section(results)
-    parts += _training_section(results, backends)
-    parts += _decoding_section(results, backends)
-    parts += _gpu_section(gpus)
+# The tables this script writes, each between the markers of benchmarks/tables.py, which
+# makes them again from RESULTS.json to check the page.
+RENDERERS = {
+    "run_all.header": _header_lines,
+    "run_all.targets": lambda results: table(
+        ("target", "backend", "measured", "required", "result"),
+        targets(results, results["meta"]["backends"])),
+    "run_all.matmul": _matmul_table,
+    "run_all.training": _training_table,
+    "run_all.decoding": _decoding_table,
+    "run_all.gpu": _gpu_table,
+}
+SECTIONS = (("## Targets", "run_all.targets"), ("## Matmul rate (float32)", "run_all.matmul"),
+            ("## Training throughput", "run_all.training"),
+            ("## Decoding: ms per new token (seconds per batch)", "run_all.decoding"),
+            ("## GPU", "run_all.gpu"))
+
+
+def render(kind, results):
+    """The table (or the header's lines) of `kind`, made from `results`; None when the
+    scripts it reads did not run."""
+    return RENDERERS[kind](results)
+
+
+def from_json(raw):
+    """The results as `main` holds them, from RESULTS.json (whose keys are joined)."""
+    return {tuple(key.split(" ")) if " " in key else key: value for key, value in raw.items()}
+
+
+def _marked(results, kind, text):
+    import tables
+
+    return tables.marked(results["meta"]["results_file"], kind, text)
+
+
+def report(results):
+    """The Markdown report of the runs: the machine and versions, the targets, a table
+    per benchmark that ran, and the runs that failed."""
+    parts = _header(results)
+    for title, kind in SECTIONS:
+        text = render(kind, results)
+        if text is not None:
+            parts += ([""] if title == "## Targets" else []) + [
+                title, "", _marked(results, kind, text), ""]
     errors = [f"- {key}: {value['error']}" for key, value in results.items()
               if isinstance(value, dict) and "error" in value]
     if errors:
         parts += ["## Runs that failed", "", *errors, ""]
-    return "\n".join(_with_commit_lines(parts, versions()["keras-transformer"]))
+    return "\n".join(_with_commit_lines(parts, results["meta"]["commit"]))
 
 
 def _with_commit_lines(parts, commit):
@@ -386,11 +411,18 @@ def main(argv=None):
             peak = ["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else []
             results["gpu", backend] = run_script("gpu.py", quick + peak, backend, args.timeout)
 
-    text = report(results, backends, args, started) + _kept_sections(args.output)
+    raw = os.path.splitext(args.output)[0] + ".json"
+    results["meta"] = {
+        "machine": common.machine(), "versions": versions(), "backends": backends,
+        "commit": versions()["keras-transformer"],
+        "command": f"python {' '.join(shlex.quote(a) for a in sys.argv)}",
+        "minutes": (datetime.datetime.now() - started).seconds // 60, "quick": args.quick,
+        # The file the tables are made from, as the page's markers name it.
+        "results_file": os.path.relpath(os.path.abspath(raw), common.REPOSITORY)}
+    text = report(results) + _kept_sections(args.output)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as file:
         file.write(text)
-    raw = os.path.splitext(args.output)[0] + ".json"
     with open(raw, "w") as file:
         json.dump({" ".join(k) if isinstance(k, tuple) else k: v for k, v in results.items()},
                   file, indent=1, sort_keys=True)

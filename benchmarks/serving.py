@@ -387,7 +387,7 @@ def main(argv=None):
 
     results["seconds"] = time.perf_counter() - start
     results["targets"] = evaluate(results)
-    command = common.command_line("serving.py", argv)
+    command = results["command"] = common.command_line("serving.py", argv)
     print()
     print(markdown(results, command))
     print(f"\n(took {results['seconds'] / 60:.1f} min)")

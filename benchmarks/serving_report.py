@@ -59,7 +59,8 @@ def markdown(results, command):
     machine = results["machine"]
     compiled = results["shapes_compiled"]
     lines = [f"- Command: `{command}`",
-             (f"- Date: {results['date']}; machine: {machine['cpu']}, "
+             (f"- Date: {results['date']}; machine: {machine['cpu']} "
+              f"({machine.get('isa', 'instruction set not recorded')}), "
               f"{machine['logical_cores']} logical cores; Python {machine['python']}; "
               f"keras-transformer {results['commit']}"),
              (f"- Model: `{results['saved_model']}` (version {results['version']}), batch sizes "

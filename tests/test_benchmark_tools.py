@@ -2,9 +2,10 @@
 scripts that ran, and a rerun that keeps the hand-written sections of
 benchmarks/RESULTS.md without bringing dated history back."""
 
+import json
 import os
 import re
-import types
+import sys
 
 import pytest
 from helpers import REPOSITORY, benchmark_module
@@ -26,11 +27,15 @@ def training_result(ratio):
     return {"ratios": {"ours/keras_hub": ratio}, "results": {"ours": model, "keras_hub": model}}
 
 
-def report(run_all, results):
-    import datetime
+META = {"machine": {"cpu": "A CPU", "isa": "AVX2", "logical_cores": 2, "usable_cores": 2,
+                    "os": "Linux", "python": "3.11.7"},
+        "versions": {"keras": "3"}, "backends": ["jax"], "commit": "abcdef1",
+        "command": "python benchmarks/run_all.py", "minutes": 1, "quick": False,
+        "results_file": "benchmarks/RESULTS.json"}
 
-    return run_all.report(results, ["jax"], types.SimpleNamespace(quick=False),
-                          datetime.datetime.now())
+
+def report(run_all, results):
+    return run_all.report({**results, "meta": META})
 
 
 def headings(text):
@@ -54,6 +59,20 @@ def test_report_leaves_out_the_scripts_that_did_not_run(run_all):
     assert "| training tokens/s ours / keras-hub (default) | jax | 1.25 | ≥ 1.2 | PASS |" in targets
     assert "| training tokens/s ours / keras-hub (large) | jax | 0.90 | ≥ 1.2 | FAIL |" in targets
     assert "cached" not in targets  # decoding did not run: no decoding rows
+    assert "- Machine: A CPU (AVX2), 2 logical cores" in text
+    assert "Measured at commit `abcdef1`." in text
+
+
+def test_run_alls_tables_are_made_again_from_its_json(run_all, tables, tmp_path):
+    results = {("training", "jax", "default"): training_result(1.25), "meta": META}
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "RESULTS.md").write_text(run_all.report(results))
+    (tmp_path / "benchmarks" / "RESULTS.json").write_text(json.dumps(
+        {" ".join(k) if isinstance(k, tuple) else k: v for k, v in results.items()}))
+    made = [kind for _, _, kind, _ in
+            tables.blocks((tmp_path / "benchmarks" / "RESULTS.md").read_text())]
+    assert made == ["run_all.header", "run_all.targets", "run_all.training"]
+    assert tables.differences(str(tmp_path)) == []
 
 
 def test_a_rerun_keeps_the_hand_written_sections_and_drops_the_analysis(run_all):
@@ -91,6 +110,38 @@ def test_run_all_keeps_every_section_it_does_not_write(run_all, tmp_path):
 
 
 @pytest.fixture(scope="module")
+def tables():
+    return benchmark_module("tables")
+
+
+def test_every_generated_table_says_what_its_results_file_says(tables):
+    assert tables.differences() == []
+
+
+def test_a_figure_changed_by_hand_is_found_and_written_again(tables, tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    for name in ("RESULTS.md", "RESULTS.json"):
+        (tmp_path / "benchmarks" / name).write_text(
+            open(os.path.join(REPOSITORY, "benchmarks", name), encoding="utf-8").read())
+    page = tmp_path / "benchmarks" / "RESULTS.md"
+    text = page.read_text()
+    assert "| jax | 201.4 | 196.8 | default |" in text  # the matmul table of RESULTS.json
+    page.write_text(text.replace("| jax | 201.4 |", "| jax | 251.4 |"))
+    [entry] = tables.differences(str(tmp_path))
+    assert entry.startswith("benchmarks/RESULTS.md:") and "run_all.matmul" in entry
+    assert tables.write(str(tmp_path)) == ["benchmarks/RESULTS.md"]
+    assert page.read_text() == text and tables.differences(str(tmp_path)) == []
+
+
+def test_a_block_without_its_end_or_of_an_unknown_kind_is_an_error(tables):
+    opening = tables.begin("benchmarks/RESULTS.json", "run_all.matmul")
+    with pytest.raises(ValueError, match="line 2: a generated block without"):
+        tables.blocks(f"text\n{opening}\n| a |\n")
+    with pytest.raises(ValueError, match="no table is made by 'nothing'"):
+        tables.render("benchmarks/RESULTS.json", "nothing")
+
+
+@pytest.fixture(scope="module")
 def common():
     return benchmark_module("common")
 
@@ -116,3 +167,16 @@ def test_max_isa_is_read_from_the_command_line_and_recorded(common, monkeypatch)
     assert common.machine()["isa_cap"] == "AVX2"
     monkeypatch.delenv(common.ISA_CAP_VARIABLE)
     assert common.machine()["isa_cap"] is None
+
+
+def test_a_result_records_its_commit_command_and_machine(common, capsys, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setattr(sys, "argv", [os.path.join(REPOSITORY, "benchmarks", "matmul.py"),
+                                      "--lengths", "32 64"])
+    common.emit({"x": 1})
+    common.emit({"commit": "its own"})  # serving.py names the commit of its server
+    first, second = [json.loads(line) for line in capsys.readouterr().out.splitlines()[-2:]]
+    assert first["command"] == "KERAS_BACKEND=jax python benchmarks/matmul.py --lengths '32 64'"
+    assert first["commit"] == common.commit() != "unknown commit"
+    assert first["machine"]["isa"] in ("AVX-512", "AVX2", "other") and first["x"] == 1
+    assert second["commit"] == "its own"

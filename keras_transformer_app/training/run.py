@@ -16,8 +16,7 @@ only what is left, and training resumes from the backup of its last window. A la
 again without training. Under a cluster of processes (`distribution.py`:
 `KERAS_DISTRIBUTION_*` for JAX, `TF_CONFIG` for TensorFlow, with `distribute="data"`)
 every process trains, the chief (process 0) alone writes the run directory, which all
-of them must share, and the chief alone does the phases after training. With
-`scoring.py`, this module is the training runs' outer layer, over the library.
+of them share, and does the phases after training. With `scoring.py`, the runs' outer layer.
 
 Example, from your own script (a few minutes on a CPU):
 
@@ -50,7 +49,7 @@ from keras_transformer.data.pipeline import dataset_from_pairs, make_dataset
 from keras_transformer.inference import Translator
 from keras_transformer.model import Transformer
 from keras_transformer.training.compile import compile_model
-from keras_transformer_app import run_files
+from keras_transformer_app import provenance, run_files
 from keras_transformer_app.training import distribution, run_options, scoring
 from keras_transformer_app.training.averaging import average_checkpoints
 from keras_transformer_app.training.fit import (
@@ -121,8 +120,9 @@ def run(splits, config, options):
     Returns:
         The content of results.json: "phases" done, "steps", "train_seconds" (of
         every sitting of a resumed run, which adds the step it "resumed_from_step"),
-        "parameters", the test figures of `scoring.evaluate_split` (the averaged
-        model's under "averaged"), "alpha_tuning", "validation_curve", "saved_model".
+        "parameters", "provenance" (`provenance.record()`), the test figures of
+        `scoring.evaluate_split` (the averaged model's under "averaged"), "alpha_tuning",
+        "validation_curve", "saved_model".
 
     Raises:
         ValueError: A bad split, a config that does not fit the options, a run
@@ -367,8 +367,8 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
             else:
                 print(f"Trained {steps} steps in {seconds:.0f} s")
             record.finish("training", recipe=options.name, backend=keras.backend.backend(),
-                          steps=steps, train_seconds=round(seconds, 1),
-                          parameters=model.count_params(), **resumed)
+                          steps=steps, train_seconds=round(seconds, 1), **resumed,
+                          parameters=model.count_params(), provenance=provenance.record())
         saving.save_model(model, run_files.path(save_dir, saving.MODEL))
     if distributed.is_chief:
         print(f"Saved {model_path} (tokenizer beside it)")

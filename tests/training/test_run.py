@@ -11,7 +11,7 @@ import pytest
 
 from keras_transformer import TransformerConfig, saving
 from keras_transformer.data.corpora import ParallelCorpus, synthetic_translation
-from keras_transformer_app import run_files
+from keras_transformer_app import provenance, run_files
 from keras_transformer_app.training import scoring
 from keras_transformer_app.training.run import PHASES, RunOptions, cooldown_steps, run
 
@@ -61,6 +61,19 @@ def test_a_run_trains_saves_averages_and_evaluates(finished_run):
     assert (config.vocab_size, config.target_vocab_size) == (source.vocab_size,
                                                              target.vocab_size)
     assert not config.share_embeddings and config.d_model == CONFIG.d_model
+    # It names where its figures come from: the commit, the command, the CPU and its class.
+    made = results["provenance"]
+    assert made["commit"] == provenance.commit() and made["command"] == provenance.command()
+    assert made["isa"] in ("AVX-512", "AVX2", "other") and made["cpu"] and made["cores"] >= 1
+
+
+@pytest.mark.once("torch")
+def test_the_command_recorded_is_the_one_typed_with_its_backend(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    typed = ["-m", "recipes.multi30k", "--direction", "en-de", "--data-dir", "my data"]
+    assert provenance.command(typed) == ("KERAS_BACKEND=jax python -m recipes.multi30k "
+                                         "--direction en-de --data-dir 'my data'")
+    assert provenance.commit("/") == "unknown commit"  # not a git checkout
 
 
 # Which phases a run does again is decided from results.json, the same under every

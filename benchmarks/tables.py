@@ -16,6 +16,10 @@ hand.
 
     python benchmarks/tables.py           # status 1, and the blocks, where a table differs
     python benchmarks/tables.py --write   # write every block again from its file
+    python benchmarks/tables.py --record runs/NAME docs/results/TRIALS/NN-NAME.json --trial NAME
+
+A table of trials (`trials`) is made from a folder of such records, a row each, in the
+order of their names.
 """
 
 import json
@@ -56,11 +60,88 @@ def _serving(kind, results):
     return serving_report.markdown(results, results["command"])
 
 
+# The options that every trial of a recipe shares, left out of its "options" cell.
+_SHARED_OPTIONS = {"--direction", "--data-dir", "--run-dir", "--verbose"}
+_SHARED_FLAGS = {"--no-export"}
+
+
+def _options(command):
+    """A run's own options: its command without the program, the backend and the options
+    that only say where its files are."""
+    import shlex
+
+    words = shlex.split(command)
+    words = words[words.index("-m") + 2:] if "-m" in words else words[2:]
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in _SHARED_OPTIONS:
+            skip = True
+        elif word not in _SHARED_FLAGS:
+            kept.append(word)
+    return f"`{' '.join(kept)}`" if kept else "(none)"
+
+
+def _trials(kind, records):
+    """A row per recorded run (`--record`): its options, commit, the validation loss at
+    steps 1000, 2400 and 3600 and at its last step, the validation BLEU of the α it
+    picked, the test BLEU of its last checkpoint and of the averaged model, and its
+    training time."""
+    rows = []
+    for record in records:
+        made, losses = record["provenance"], record["validation_loss"]
+        at = " / ".join(f"{losses[str(step)]:.3f}" if str(step) in losses else "–"
+                        for step in (1000, 2400, 3600))
+        tuning = record.get("alpha_tuning", {})
+        alpha = tuning.get("alpha")
+        validation = (f"{tuning['bleu_lowercase'][str(alpha)]:.2f} ({alpha:g})" if tuning
+                      else "–")
+        minutes, seconds = divmod(round(record["train_seconds"]), 60)
+        rows.append((record["trial"], _options(made["command"]), f"`{made['commit']}`",
+                     record["steps"], at, f"{losses[str(record['steps'])]:.3f}", validation,
+                     f"{record['bleu_lowercase']:.2f} / "
+                     f"{record['averaged']['bleu_lowercase']:.2f}",
+                     f"{minutes // 60} h {minutes % 60} min {seconds} s" if minutes >= 60
+                     else f"{minutes} min {seconds} s"))
+    header = ("trial", "options", "commit", "steps", "validation loss at 1000 / 2400 / 3600",
+              "at the last step", "validation BLEU, lower-cased (α)",
+              "test2016, lower-cased: last / averaged", "training time")
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |"
+                               for row in rows])
+
+
+def record(run_dir, output, trial, provenance=None):
+    """Writes the record of a finished training run that a table of trials is made from:
+    its results.json, its validation loss at each window's end (training_log.csv), the
+    trial's name and, for a run whose results.json predates it, its `provenance`."""
+    import csv
+
+    from keras_transformer_app import run_files
+
+    with open(run_files.path(run_dir, run_files.RESULTS), encoding="utf-8") as file:
+        results = json.load(file)
+    with open(run_files.path(run_dir, run_files.TRAINING_LOG), encoding="utf-8") as file:
+        losses = {row["step"].split(".")[0]: round(float(row["val_loss"]), 4)
+                  for row in csv.DictReader(file) if row.get("val_loss")}
+    results = {"trial": trial, **results, "validation_loss": losses}
+    if provenance:
+        results["provenance"] = {**provenance, **results.get("provenance", {})}
+    if "provenance" not in results:
+        raise ValueError(f"{run_dir}/results.json names no provenance: give the commit and "
+                         "the command it ran with")
+    with open(output, "w", encoding="utf-8") as file:
+        json.dump(results, file, indent=1, sort_keys=True)
+        file.write("\n")
+
+
 # What each kind is made by: (the script whose results it reads, the function).
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
     "run_all.training": _run_all, "run_all.decoding": _run_all,
     "serving": _serving,
+    "trials": _trials,  # a folder of records, a row each, in the order of their names
 }
 
 
@@ -68,8 +149,15 @@ def render(source, kind, repository=REPOSITORY):
     """The block's text as the results file `source` gives it."""
     if kind not in KINDS:
         raise ValueError(f"{source}: no table is made by {kind!r}; known: {', '.join(KINDS)}")
-    with open(os.path.join(repository, source), encoding="utf-8") as file:
-        results = json.load(file)
+    path = os.path.join(repository, source)
+    if os.path.isdir(path):
+        results = []
+        for name in sorted(os.listdir(path)):
+            with open(os.path.join(path, name), encoding="utf-8") as file:
+                results.append(json.load(file))
+    else:
+        with open(path, encoding="utf-8") as file:
+            results = json.load(file)
     return KINDS[kind](kind, results).strip("\n")
 
 
@@ -135,7 +223,21 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true",
                         help="write every generated block again from its results file")
+    parser.add_argument("--record", nargs=2, metavar=("RUN_DIR", "OUTPUT"),
+                        help="write the record of a finished training run (a row of a table "
+                             "of trials) to OUTPUT")
+    parser.add_argument("--trial", help="with --record: the trial's name in its row")
+    parser.add_argument("--commit", help="with --record, for a run whose results.json "
+                                         "names no provenance: the commit it ran")
+    parser.add_argument("--command", help="with --record: the command it ran, likewise")
     args = parser.parse_args(argv)
+    if args.record:
+        if not args.trial:
+            parser.error("--record needs --trial")
+        given = {"commit": args.commit, "command": args.command}
+        record(*args.record, args.trial,
+               {key: value for key, value in given.items() if value} or None)
+        return 0
     if args.write:
         for page in write():
             print(f"wrote {page}")

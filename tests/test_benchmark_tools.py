@@ -1,6 +1,8 @@
 """The report that benchmarks/run_all.py writes: only the sections of the
 scripts that ran, and a rerun that keeps the hand-written sections of
-benchmarks/RESULTS.md without bringing dated history back."""
+benchmarks/RESULTS.md without bringing dated history back; the tables that
+benchmarks/tables.py makes again from their results files (every page's, checked
+here); and what a result records of where it comes from."""
 
 import json
 import os
@@ -180,3 +182,32 @@ def test_a_result_records_its_commit_command_and_machine(common, capsys, monkeyp
     assert first["commit"] == common.commit() != "unknown commit"
     assert first["machine"]["isa"] in ("AVX-512", "AVX2", "other") and first["x"] == 1
     assert second["commit"] == "its own"
+
+
+def test_a_table_of_trials_is_made_from_the_records_of_finished_runs(tables, tmp_path):
+    from keras_transformer_app import run_files
+
+    run_dir = tmp_path / "runs" / "pre-d03"
+    run_dir.mkdir(parents=True)
+    command = ("KERAS_BACKEND=tensorflow python -m recipes.multi30k --direction en-de --data-dir "
+               "d --run-dir r --verbose 2 --no-export --norm-position pre --dropout-rate 0.3")
+    results = {"steps": 2400, "train_seconds": 3725.4, "bleu_lowercase": 38.5,
+               "averaged": {"bleu_lowercase": 38.61},
+               "alpha_tuning": {"alpha": 1.2, "bleu_lowercase": {"1.0": 40.0, "1.2": 40.3}}}
+    (run_dir / run_files.RESULTS).write_text(json.dumps(results))
+    with open(run_files.path(str(run_dir), run_files.TRAINING_LOG), "w") as file:
+        file.write("epoch,step,val_loss\n0,1000,3.1\n1,2400.0,2.9\n")
+    trials = tmp_path / "docs" / "results" / "en-de"
+    trials.mkdir(parents=True)
+    with pytest.raises(ValueError, match="names no provenance"):
+        tables.record(str(run_dir), str(trials / "01-pre-d03.json"), "pre-norm, dropout 0.3")
+    tables.record(str(run_dir), str(trials / "01-pre-d03.json"), "pre-norm, dropout 0.3",
+                  {"commit": "abcdef1", "command": command})
+    page = tmp_path / "docs" / "results.md"
+    page.write_text(f"# Results\n\n{tables.begin('docs/results/en-de', 'trials')}\n"
+                    f"{tables.END}\n")
+    assert tables.write(str(tmp_path)) == ["docs/results.md"]
+    assert page.read_text().splitlines()[5] == (
+        "| pre-norm, dropout 0.3 | `--norm-position pre --dropout-rate 0.3` | `abcdef1` | 2400 "
+        "| 3.100 / 2.900 / – | 2.900 | 40.30 (1.2) | 38.50 / 38.61 | 1 h 2 min 5 s |")
+    assert tables.differences(str(tmp_path)) == []

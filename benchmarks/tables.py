@@ -98,13 +98,13 @@ def _trials(kind, records):
         validation = (f"{tuning['bleu_lowercase'][str(alpha)]:.2f} ({alpha:g})" if tuning
                       else "–")
         minutes, seconds = divmod(round(record["train_seconds"]), 60)
-        rows.append((record["trial"], _options(made["command"]), f"`{made['commit']}`",
+        rows.append((record["trial"], _options(made["command"]), f"commit `{made['commit']}`",
                      record["steps"], at, f"{losses[str(record['steps'])]:.3f}", validation,
                      f"{record['bleu_lowercase']:.2f} / "
                      f"{record['averaged']['bleu_lowercase']:.2f}",
                      f"{minutes // 60} h {minutes % 60} min {seconds} s" if minutes >= 60
                      else f"{minutes} min {seconds} s"))
-    header = ("trial", "options", "commit", "steps", "validation loss at 1000 / 2400 / 3600",
+    header = ("trial", "options", "code", "steps", "validation loss at 1000 / 2400 / 3600",
               "at the last step", "validation BLEU, lower-cased (α)",
               "test2016, lower-cased: last / averaged", "training time")
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]

@@ -208,6 +208,6 @@ def test_a_table_of_trials_is_made_from_the_records_of_finished_runs(tables, tmp
                     f"{tables.END}\n")
     assert tables.write(str(tmp_path)) == ["docs/results.md"]
     assert page.read_text().splitlines()[5] == (
-        "| pre-norm, dropout 0.3 | `--norm-position pre --dropout-rate 0.3` | `abcdef1` | 2400 "
-        "| 3.100 / 2.900 / – | 2.900 | 40.30 (1.2) | 38.50 / 38.61 | 1 h 2 min 5 s |")
+        "| pre-norm, dropout 0.3 | `--norm-position pre --dropout-rate 0.3` | commit `abcdef1` "
+        "| 2400 | 3.100 / 2.900 / – | 2.900 | 40.30 (1.2) | 38.50 / 38.61 | 1 h 2 min 5 s |")
     assert tables.differences(str(tmp_path)) == []

@@ -100,7 +100,7 @@ class SentenceBank:
         self.sources = list(synthetic_translation(count, seed=3).sources)
         self.tokenizer = None
         if run_dir and os.path.isdir(run_dir):
-            from keras_transformer_app.run_files import load_tokenizers
+            from keras_transformer.saving import load_tokenizers
 
             self.tokenizer = load_tokenizers(run_dir)[0]
         self.bodies = [json.dumps({"instances": [s]}) for s in self.sources]

@@ -36,6 +36,7 @@ if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # `python benchmarks/x.py` reads this checkout's library
 
 from keras_transformer.data.toy_tasks import ToyVocabulary  # noqa: E402
+from keras_transformer_app import provenance  # noqa: E402
 from keras_transformer_app.provenance import (  # noqa: E402, F401 (commit: the scripts')
     commit,
     cpu,
@@ -285,10 +286,7 @@ def recorded_command(argv=None):
     """The command that ran this process's script, with the backend it chose: what a
     results file records to measure the same again."""
     script = os.path.relpath(os.path.abspath(sys.argv[0]), REPOSITORY)
-    arguments = sys.argv[1:] if argv is None else argv
-    backend = os.environ.get("KERAS_BACKEND")
-    return ((f"KERAS_BACKEND={backend} " if backend else "") + "python "
-            + " ".join(shlex.quote(a) for a in [script, *arguments]))
+    return provenance.command([script, *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_results(results, output=None):
@@ -305,8 +303,8 @@ def emit(result):
     machine it ran on (`machine()`: the CPU, its widest ISA, the `--max-isa` cap), the
     commit measured and the command, where the script gave none of its own."""
     if isinstance(result, dict):
-        result = {"machine": machine(), "commit": commit(), "command": recorded_command(),
-                  **result}
+        made = {"machine": machine, "commit": commit, "command": recorded_command}
+        result = {**{key: make() for key, make in made.items() if key not in result}, **result}
     def clean(value):  # JSON has no NaN / inf
         if isinstance(value, float) and not math.isfinite(value):
             return None

@@ -412,9 +412,10 @@ def main(argv=None):
             results["gpu", backend] = run_script("gpu.py", quick + peak, backend, args.timeout)
 
     raw = os.path.splitext(args.output)[0] + ".json"
+    found = versions()
     results["meta"] = {
-        "machine": common.machine(), "versions": versions(), "backends": backends,
-        "commit": versions()["keras-transformer"],
+        "machine": common.machine(), "versions": found, "backends": backends,
+        "commit": found["keras-transformer"],
         "command": f"python {' '.join(shlex.quote(a) for a in sys.argv)}",
         "minutes": (datetime.datetime.now() - started).seconds // 60, "quick": args.quick,
         # The file the tables are made from, as the page's markers name it.

@@ -104,12 +104,12 @@ def _trials(kind, records):
                      f"{record['averaged']['bleu_lowercase']:.2f}",
                      f"{minutes // 60} h {minutes % 60} min {seconds} s" if minutes >= 60
                      else f"{minutes} min {seconds} s"))
-    header = ("trial", "options", "code", "steps", "validation loss at 1000 / 2400 / 3600",
-              "at the last step", "validation BLEU, lower-cased (α)",
-              "test2016, lower-cased: last / averaged", "training time")
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in row) + " |"
-                               for row in rows])
+    import run_all
+
+    return run_all.table(("trial", "options", "code", "steps",
+                          "validation loss at 1000 / 2400 / 3600", "at the last step",
+                          "validation BLEU, lower-cased (α)",
+                          "test2016, lower-cased: last / averaged", "training time"), rows)
 
 
 def record(run_dir, output, trial, provenance=None):
@@ -136,7 +136,7 @@ def record(run_dir, output, trial, provenance=None):
         file.write("\n")
 
 
-# What each kind is made by: (the script whose results it reads, the function).
+# The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
     "run_all.training": _run_all, "run_all.decoding": _run_all,

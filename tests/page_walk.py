@@ -16,7 +16,8 @@ run: step counts and sizes (minutes of training become seconds), ports (a free o
 the page's text, so a table cannot outlive its page. Downloads go to a loopback mirror of
 ../shared/data (`KERAS_TRANSFORMER_DATA_MIRROR`): the recipes run their own download code.
 The walk's HOME is a fresh folder (no keras.json: Keras's default backend, TensorFlow; an
-empty ~/.keras/datasets), and KERAS_BACKEND is unset unless a command sets it; inside the
+empty ~/.keras/datasets), and KERAS_BACKEND is unset unless a command sets it; XLA compiles
+faster, as in the suite, but for the benchmarks' chain (`WALK_XLA_FLAGS`); inside the
 suite the walk keeps the worker's share of the cores (OMP_NUM_THREADS, see `environment`).
 
 A block that cannot run here (a GPU, docker, TensorFlow Serving, several hosts, the real
@@ -251,6 +252,8 @@ def table(page):
     rows.extend(f"| `{cell(e.old)}` | `{cell(e.new)}` | {e.why} |" for e in entries)
     if not entries:
         rows.append("| (no substitution) | | |")
+    if chain_of(page) != "benchmarks":
+        rows.append(f"environment: `XLA_FLAGS={WALK_XLA_FLAGS}` ({WALK_XLA_FLAGS_WHY})")
     for command, why in BEFORE.get(page, ()):
         rows.append(f"before the page: `{command}` ({why})")
     for line, _, reason in blocks(read(page)):
@@ -283,20 +286,33 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def environment(home, mirror=None):
-    """The walk's environment: a fresh HOME, no KERAS_BACKEND, the mirror and free ports.
-    XLA_FLAGS stays out (tests/conftest.py turns XLA's LLVM optimizations off, which makes
-    a recipe's steps ten times slower). OMP_NUM_THREADS stays, when set: inside the suite
-    it is the pytest worker's share of the cores, and the walk shares the machine with the
-    other worker. Without it, torch's two threads wait for a taken core: a Multi30k run of
-    the walk's earlier sizes (the recipe's 4 layers 128 wide) under torch took 1209 s beside
-    a busy process, 320 s under JAX."""
+# XLA's flags in the chains that do not measure (all but the benchmarks'): the walk's commands
+# train tens of steps of a model one layer 32 wide, where compiling is most of their time, and
+# XLA compiles faster without LLVM's optimizations and with its older fusion emitters (as the
+# suite's tests do: tests/conftest.py). A walk-sized Multi30k run took 10.4 s instead of
+# 12.9 s under JAX and 13.7 s instead of 16.6 s under TensorFlow (2-core Intel Xeon). What
+# runs is unchanged; the compiled code runs slower, and the walk checks no speed.
+WALK_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+WALK_XLA_FLAGS_WHY = ("compiles faster: the walk's runs are mostly compiling (not in the "
+                      "benchmarks' chain)")
+
+
+def environment(home, mirror=None, chain=None):
+    """The walk's environment for `chain`: a fresh HOME, no KERAS_BACKEND, the mirror, free
+    ports, and XLA_FLAGS set to WALK_XLA_FLAGS (none in the benchmarks' chain, whose commands
+    measure; the suite's own XLA_FLAGS stay out everywhere). OMP_NUM_THREADS stays, when set:
+    inside the suite it is the pytest worker's share of the cores, and the walk shares the
+    machine with the other worker. Without it, torch's two threads wait for a taken core: a
+    Multi30k run of the walk's earlier sizes (the recipe's 4 layers 128 wide) under torch took
+    1209 s beside a busy process, 320 s under JAX."""
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("KERAS_", "PYTEST_")) and name != "XLA_FLAGS"}
     env.update(HOME=home, PORT=str(free_port()), PORT_2=str(free_port()),
                PORT_3=str(free_port()))
     if mirror is not None:
         env["KERAS_TRANSFORMER_DATA_MIRROR"] = mirror
+    if chain != "benchmarks":
+        env["XLA_FLAGS"] = WALK_XLA_FLAGS
     return env
 
 
@@ -388,7 +404,7 @@ def main(argv=None):
                 home = os.path.join(base, f"{name}-home")
                 os.makedirs(home, exist_ok=True)
                 if not walk_chain(pages, os.path.join(base, name),
-                                  environment(home, mirror), args.timeout):
+                                  environment(home, mirror, name), args.timeout):
                     return 1
     return 0
 

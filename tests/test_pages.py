@@ -88,7 +88,7 @@ def chains(tmp_path_factory):
                 checkout.mkdir()
                 home.mkdir()
                 page_walk.fresh_checkout(str(checkout))
-                made[name] = str(checkout), page_walk.environment(str(home), mirror), []
+                made[name] = str(checkout), page_walk.environment(str(home), mirror, name), []
             return made[name]
 
         yield checkout

@@ -1,0 +1,74 @@
+"""tests/cpu_time.py: the report of where a pass's time went, from a run of pytest on a
+file of three tests (one waits, one starts a busy process, one is busy itself), under
+pytest-xdist as .ci/run runs the passes."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from cpu_time import summary
+from helpers import REPOSITORY
+
+pytestmark = pytest.mark.once("jax")  # times pytest's own processes, not a backend
+
+SAMPLE = '''
+import subprocess, sys, time
+
+def busy(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+def test_waits():
+    time.sleep(1.2)
+
+def test_starts_a_busy_process():
+    subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 1.2\\n"
+                    "while time.process_time() < end: pass"], check=True)
+
+def test_is_busy():
+    busy(1.2)
+'''
+
+
+def run_pytest(folder, *arguments):
+    (folder / "test_sample.py").write_text(SAMPLE)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.cpu_time",
+         "-n", "2", *arguments, "test_sample.py"], cwd=folder, capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, PYTHONPATH=REPOSITORY))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_the_report_splits_the_tests_time_into_own_cpu_started_processes_and_waiting(tmp_path):
+    output = run_pytest(tmp_path, "--durations", "0")
+    found = re.search(r"the tests' time (\d+) s: their own CPU (\d+) s, the processes they "
+                      r"started (\d+) s, the rest \(waiting\) (-?\d+) s", output)
+    assert found, output
+    seconds, own, started, rest = map(int, found.groups())
+    # 1.2 s each, in whole seconds (pytest's own work adds a little; on a loaded machine
+    # the busy ones take longer, and the rest grows).
+    assert seconds >= 3 and own == 1 and started == 1 and rest >= 1, output
+    assert "started processes' CPU by file: test_sample.py 1 s" in output
+    # After the durations, which come first.
+    assert output.index("slowest durations") < output.index("where the tests' time went")
+
+
+def test_without_durations_there_is_no_report(tmp_path):
+    assert "where the tests' time went" not in run_pytest(tmp_path)
+
+
+def test_the_summary_names_the_files_whose_processes_took_most_cpu():
+    files = {f"tests/test_{n}.py": [10.0 + n, 1.0, float(n)] for n in range(8)}
+    lines = summary(files)
+    assert lines[0] == ("the tests' time 108 s: their own CPU 8 s, the processes they started "
+                        "28 s, the rest (waiting) 72 s")
+    assert lines[1] == ("started processes' CPU by file: tests/test_7.py 7 s, tests/test_6.py "
+                        "6 s, tests/test_5.py 5 s, tests/test_4.py 4 s, tests/test_3.py 3 s")
+    # A compiler on two cores can give a test more CPU time than time.
+    assert summary({"a.py": [1.0, 1.6, 0.0]}) == [
+        "the tests' time 1 s: their own CPU 2 s, the processes they started 0 s, the rest "
+        "(waiting) -1 s"]

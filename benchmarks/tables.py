@@ -136,12 +136,55 @@ def record(run_dir, output, trial, provenance=None):
         file.write("\n")
 
 
+# CI's stages (.ci/run), in its order, and the name each is given in the table.
+_CI_STAGES = {"install": "install", "ruff": "ruff", "lint-imports": "lint-imports",
+              "suite (tensorflow)": "the suite, TensorFlow pass",
+              "suite (jax)": "the suite, JAX pass", "suite (torch)": "the suite, PyTorch pass",
+              "walk": "the walk", "walk's tables": "the walk's tables",
+              "figures --check": "`run_all.py --check`"}
+_README_COMMAND = ("install", "ruff", "lint-imports", "suite (tensorflow)", "suite (jax)",
+                   "suite (torch)")
+
+
+def _ci(kind, record):
+    """CI's record (.ci/times.py): the seconds of each stage, of the README's test command
+    and of all of CI, then where each pytest run's tests' time went (tests/cpu_time.py)."""
+    import run_all
+
+    stages = {entry["stage"]: entry for entry in record["stages"]}
+    missing = [name for name in (*_CI_STAGES, "all") if name not in stages]
+    if missing:
+        raise ValueError(f"CI's record lacks the stages {', '.join(missing)}")
+
+    def seconds(value):
+        return f"{value:,}"
+
+    rows = [(label, seconds(stages[name]["seconds"])) for name, label in _CI_STAGES.items()]
+    readme = sum(stages[name]["seconds"] for name in _README_COMMAND)
+    rows.insert(len(_README_COMMAND), ("**the README's test command** (the six above)",
+                                       f"**{seconds(readme)}** ({readme / 60:.1f} min)"))
+    total = stages["all"]["seconds"]
+    rows.append(("**all of `.ci/run`**", f"**{seconds(total)}** ({total / 60:.1f} min)"))
+    split = [(_CI_STAGES[name], *(seconds(value) for value in (
+        tests["seconds"], tests["own_cpu"], tests["started_cpu"],
+        tests["seconds"] - tests["own_cpu"] - tests["started_cpu"])))
+        for name, entry in stages.items() if (tests := entry.get("tests"))]
+    return "\n".join([
+        f"Commit `{record['commit']}`, `{record['command']}` on {record['cores']} cores of "
+        f"{record['cpu']} ({record['isa']}), in seconds:", "",
+        run_all.table(("stage", "seconds"), rows), "",
+        "Where each pytest run's tests' time went (tests/cpu_time.py), in seconds:", "",
+        run_all.table(("pytest run", "the tests' time", "their own CPU",
+                       "the processes they started", "the rest (waiting)"), split)])
+
+
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
     "run_all.training": _run_all, "run_all.decoding": _run_all,
     "serving": _serving,
     "trials": _trials,  # a folder of records, a row each, in the order of their names
+    "ci": _ci,  # CI's record of its stages' time (.ci/times.py)
 }
 
 

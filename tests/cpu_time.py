@@ -11,10 +11,14 @@ left after subtraction, over a whole pass. A process that a test leaves running 
 where it is waited for.
 
 Loaded from the repository's conftest.py (`pytest_plugins`), for the tests and for the
-docstring examples; .ci/run's passes give `--durations 25`.
+docstring examples; .ci/run's passes give `--durations 25`. Where the environment names a
+file in `CI_TIMES` (.ci/run does), the report is also added to it as a line of JSON, under
+the stage that `CI_STAGE` names (.ci/times.py makes CI's record of them).
 """
 
 import collections
+import json
+import os
 import resource
 import time
 
@@ -70,6 +74,12 @@ class _Totals:
         terminalreporter.write_sep("=", "where the tests' time went")
         for line in summary(self.files):
             terminalreporter.write_line(line)
+        if os.environ.get("CI_TIMES") and not hasattr(config, "workerinput"):
+            seconds, own, started = (round(sum(values[i] for values in self.files.values()))
+                                     for i in range(3))
+            with open(os.environ["CI_TIMES"], "a", encoding="utf-8") as file:
+                file.write(json.dumps({"stage": os.environ.get("CI_STAGE"), "tests": {
+                    "seconds": seconds, "own_cpu": own, "started_cpu": started}}) + "\n")
 
 
 def pytest_configure(config):

@@ -215,3 +215,36 @@ def test_a_table_of_trials_is_made_from_the_records_of_finished_runs(tables, tmp
         "| pre-norm, dropout 0.3 | `--norm-position pre --dropout-rate 0.3` | commit `abcdef1` "
         "| 2400 | 3.100 / 2.900 / – | 2.900 | 40.30 (1.2) | 38.50 / 38.61 | 1 h 2 min 5 s |")
     assert tables.differences(str(tmp_path)) == []
+
+
+def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, monkeypatch):
+    """.ci/run's lines (a stage's seconds; a pytest run's split, from tests/cpu_time.py)
+    become .ci/times.py's record, and the record installation.md's tables."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_times", f"{REPOSITORY}/.ci/times.py")
+    ci_times = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ci_times)
+    seconds = {"install": 8, "ruff": 0, "lint-imports": 1, "suite (tensorflow)": 285,
+               "suite (jax)": 249, "suite (torch)": 253, "walk": 401, "walk's tables": 4,
+               "figures --check": 5}
+    lines = tmp_path / "times.jsonl"
+    with open(lines, "w") as file:
+        for stage, value in seconds.items():
+            if stage == "suite (jax)":  # the pytest run's own line comes before its stage's
+                file.write(json.dumps({"stage": stage, "tests": {
+                    "seconds": 521, "own_cpu": 265, "started_cpu": 171}}) + "\n")
+            file.write(json.dumps({"stage": stage, "seconds": value}) + "\n")
+    monkeypatch.setenv("CI", "true")
+    ci_times.main(str(lines), str(tmp_path / "times.json"))
+    record = json.loads((tmp_path / "times.json").read_text())
+    assert record["command"] == "CI=true bash .ci/run" and record["commit"]
+    with pytest.raises(ValueError, match="lacks the stages all"):
+        tables.KINDS["ci"]("ci", record)
+    record["stages"].append({"stage": "all", "seconds": 1206})
+    text = tables.KINDS["ci"]("ci", record)
+    assert text.startswith(f"Commit `{record['commit']}`, `CI=true bash .ci/run` on ")
+    assert "| the suite, JAX pass | 249 |" in text
+    assert "| **the README's test command** (the six above) | **796** (13.3 min) |" in text
+    assert "| **all of `.ci/run`** | **1,206** (20.1 min) |" in text
+    assert text.endswith("| the suite, JAX pass | 521 | 265 | 171 | 85 |")

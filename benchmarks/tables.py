@@ -170,7 +170,7 @@ def _ci(kind, record):
         tests["seconds"] - tests["own_cpu"] - tests["started_cpu"])))
         for name, entry in stages.items() if (tests := entry.get("tests"))]
     return "\n".join([
-        f"Commit `{record['commit']}`, `{record['command']}` on {record['cores']} cores of "
+        f"`{record['command']}` at commit `{record['commit']}`, on {record['cores']} cores of "
         f"{record['cpu']} ({record['isa']}), in seconds:", "",
         run_all.table(("stage", "seconds"), rows), "",
         "Where each pytest run's tests' time went (tests/cpu_time.py), in seconds:", "",

@@ -91,7 +91,7 @@ def summary(files):
     seconds, own, started = (sum(values[i] for values in files.values()) for i in range(3))
     lines = [f"the tests' time {seconds:.0f} s: their own CPU {own:.0f} s, the processes they "
              f"started {started:.0f} s, the rest (waiting) {seconds - own - started:.0f} s"]
-    busiest = sorted(((values[2], name) for name, values in files.items() if values[2] >= 1),
+    busiest = sorted(((values[2], name) for name, values in files.items() if values[2] >= 0.5),
                      reverse=True)[:_FILES_SHOWN]
     if busiest:
         lines.append("started processes' CPU by file: " + ", ".join(

@@ -243,7 +243,7 @@ def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, 
         tables.KINDS["ci"]("ci", record)
     record["stages"].append({"stage": "all", "seconds": 1206})
     text = tables.KINDS["ci"]("ci", record)
-    assert text.startswith(f"Commit `{record['commit']}`, `CI=true bash .ci/run` on ")
+    assert text.startswith(f"`CI=true bash .ci/run` at commit `{record['commit']}`, on ")
     assert "| the suite, JAX pass | 249 |" in text
     assert "| **the README's test command** (the six above) | **796** (13.3 min) |" in text
     assert "| **all of `.ci/run`** | **1,206** (20.1 min) |" in text

@@ -54,8 +54,9 @@ def pytest_runtest_makereport(item, call):
 
 
 class _Totals:
-    """Sums the shares that tests' teardown reports carry (on the pytest-xdist controller,
-    or in the only process), by file, and prints them after `--durations`' report."""
+    """Sums the shares that tests' teardown reports carry, by file, and prints them after
+    `--durations`' report: registered on the pytest-xdist controller, or in the only
+    process, not on the workers."""
 
     def __init__(self):
         self.files = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
@@ -74,21 +75,26 @@ class _Totals:
         terminalreporter.write_sep("=", "where the tests' time went")
         for line in summary(self.files):
             terminalreporter.write_line(line)
-        if os.environ.get("CI_TIMES") and not hasattr(config, "workerinput"):
-            seconds, own, started = (round(sum(values[i] for values in self.files.values()))
-                                     for i in range(3))
+        if os.environ.get("CI_TIMES"):
+            seconds, own, started = (round(total) for total in totals(self.files))
             with open(os.environ["CI_TIMES"], "a", encoding="utf-8") as file:
                 file.write(json.dumps({"stage": os.environ.get("CI_STAGE"), "tests": {
                     "seconds": seconds, "own_cpu": own, "started_cpu": started}}) + "\n")
 
 
 def pytest_configure(config):
-    config.pluginmanager.register(_Totals(), "cpu_time_totals")
+    if not hasattr(config, "workerinput"):  # a pytest-xdist worker sends its reports on
+        config.pluginmanager.register(_Totals(), "cpu_time_totals")
+
+
+def totals(files):
+    """(seconds, own CPU, started processes' CPU) summed over {file: those three}."""
+    return tuple(sum(values[i] for values in files.values()) for i in range(3))
 
 
 def summary(files):
     """The report's lines for {file: [seconds, own CPU, started processes' CPU]}."""
-    seconds, own, started = (sum(values[i] for values in files.values()) for i in range(3))
+    seconds, own, started = totals(files)
     lines = [f"the tests' time {seconds:.0f} s: their own CPU {own:.0f} s, the processes they "
              f"started {started:.0f} s, the rest (waiting) {seconds - own - started:.0f} s"]
     busiest = sorted(((values[2], name) for name, values in files.items() if values[2] >= 0.5),

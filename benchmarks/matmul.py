@@ -16,7 +16,7 @@ thread count.
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
     from keras_transformer_app.logs import start
 
-    start()
+    start(keep_jax=True)  # JAX is timed beside the other libraries
 
 import os
 import sys

@@ -74,10 +74,11 @@ def quiet_native_logs(native_logs=False):
         sys.meta_path.insert(0, _QuietTensorFlowImport())
 
 
-def start(native_logs=None):
+def start(native_logs=None, keep_jax=False):
     """What an entry point of the program (`keras-transformer`, a recipe or a
     benchmark script run as `__main__`) does first, before anything loads Keras or
-    TensorFlow: quiets the native logs (`quiet_native_logs`), and ends the process
+    TensorFlow: quiets the native logs (`quiet_native_logs`), leaves JAX unloaded
+    under another backend (`skip_jax_unless_backend`), and ends the process
     quietly on SIGINT (status 130) or SIGTERM (143) until the command installs its
     own handlers (`keras_transformer_app.cli.errors.command_line`): nothing has begun
     that could be lost. Never called on import: a program that imports the library,
@@ -86,13 +87,35 @@ def start(native_logs=None):
     Args:
         native_logs: Whether to show the native logs instead (`--native-logs`);
             None looks for that flag among the process's own arguments.
+        keep_jax: Whether JAX stays importable under another backend (a benchmark
+            that times JAX beside the backend).
     """
     if native_logs is None:
         native_logs = NATIVE_LOGS_FLAG in sys.argv[1:]
     quiet_native_logs(native_logs)
+    if not keep_jax:
+        skip_jax_unless_backend()
     if threading.current_thread() is threading.main_thread():
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, _exit_while_starting)
+
+
+def skip_jax_unless_backend(environ=os.environ, modules=sys.modules):
+    """Under a `KERAS_BACKEND` other than JAX, makes `import jax` fail as it would
+    if JAX were not installed, for the rest of the process. Keras (its Orbax
+    checkpoint callback) and TensorFlow (TFLite) import JAX under every backend when
+    it is installed, only to patch or wrap it, and both go on without it: that import
+    is CPU time each process spends for nothing (docs/installation.md measures it),
+    and nothing of the program uses JAX unless it is the backend. A `None` in
+    `sys.modules` is Python's own way to say a module is absent: `import jax` raises
+    ModuleNotFoundError and `importlib.util.find_spec("jax")` returns None.
+
+    Only when `KERAS_BACKEND` names the backend (one chosen in keras.json leaves JAX
+    as it is), and only before JAX has loaded. An entry point's (`start`); never the
+    library's."""
+    backend = environ.get("KERAS_BACKEND", "").strip().lower()
+    if backend and backend != "jax" and "jax" not in modules:
+        modules["jax"] = None
 
 
 @contextlib.contextmanager

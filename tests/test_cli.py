@@ -518,7 +518,9 @@ try:
     status = main(sys.argv[1:])
 except SystemExit as exit:
     status = exit.code
-loaded = sorted({name.split(".")[0] for name in sys.modules} & set(json.loads(HEAVY)))
+# A None entry is a module skipped, not loaded (logs.skip_jax_unless_backend).
+loaded = sorted({name.split(".")[0] for name, module in sys.modules.items()
+                 if module is not None} & set(json.loads(HEAVY)))
 print(json.dumps([status, loaded]), file=sys.__stderr__)
 """
 

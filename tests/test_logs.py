@@ -83,6 +83,40 @@ def test_a_command_line_shows_the_native_logs_when_asked(tmp_path):
     assert NATIVE_LINE.search(result.stderr), result.stderr
 
 
+@pytest.mark.once("torch")  # the decision alone, on given mappings
+@pytest.mark.parametrize("backend, loaded, hidden", [
+    ("tensorflow", False, True), ("torch", False, True), ("TORCH", False, True),
+    ("jax", False, False), ("", False, False), (None, False, False),
+    ("tensorflow", True, False),
+])
+def test_jax_is_skipped_only_under_a_named_other_backend_before_it_loads(backend, loaded,
+                                                                         hidden):
+    environ = {} if backend is None else {"KERAS_BACKEND": backend}
+    jax = object()
+    modules = {"jax": jax} if loaded else {}
+    logs.skip_jax_unless_backend(environ, modules)
+    if hidden:
+        assert modules == {"jax": None}  # import jax: ModuleNotFoundError
+    else:
+        assert modules == ({"jax": jax} if loaded else {})
+
+
+@once
+def test_a_command_line_under_tensorflow_runs_without_loading_jax(tmp_path):
+    # Keras and TensorFlow try to import JAX under every backend; an entry point
+    # under another backend lets them go on without it (`skip_jax_unless_backend`).
+    code = ("import sys\nfrom keras_transformer_app import main\nstatus = main(sys.argv[1:])\n"
+            "import keras\nprint(keras.backend.backend(), sys.modules.get('jax', 'absent'),"
+            " file=sys.__stderr__)\nsys.exit(status)\n")
+    result = subprocess.run(
+        [sys.executable, "-c", code, "plot", "positions", "--output", str(tmp_path / "p.png")],
+        capture_output=True, text=True, timeout=300, cwd=REPOSITORY,
+        env=environment(KERAS_BACKEND="tensorflow"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == "tensorflow None", result.stderr
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
 @pytest.mark.once("torch")  # logs and files, not the backend
 def test_each_sacrebleu_warning_is_shown_once():
     logs.quiet_python_warnings()

@@ -290,21 +290,32 @@ def recorded_command(argv=None):
 
 
 def write_results(results, output=None):
-    """Writes `results` to the `--output` JSON file, when one is given, then emits
-    them as the final stdout line."""
+    """Writes `results` to the `--output` JSON file, when one is given, with the
+    machine, commit and command that `emit` adds, then emits them as the final
+    stdout line."""
+    results = completed(results)
     if output:
         with open(output, "w") as file:
             json.dump(results, file, indent=1, default=str)
     emit(results)
 
 
+def completed(result):
+    """`result` with the machine it ran on (`machine()`: the CPU, its widest ISA, the
+    `--max-isa` cap), the commit measured and the command, where it has none of its
+    own."""
+    if not isinstance(result, dict):
+        return result
+    made = {"machine": machine, "commit": commit, "command": recorded_command}
+    return {**{key: make() for key, make in made.items() if key not in result}, **result}
+
+
 def emit(result):
     """Prints the script's result as its final stdout line: one JSON object, with the
     machine it ran on (`machine()`: the CPU, its widest ISA, the `--max-isa` cap), the
     commit measured and the command, where the script gave none of its own."""
-    if isinstance(result, dict):
-        made = {"machine": machine, "commit": commit, "command": recorded_command}
-        result = {**{key: make() for key, make in made.items() if key not in result}, **result}
+    result = completed(result)
+
     def clean(value):  # JSON has no NaN / inf
         if isinstance(value, float) and not math.isfinite(value):
             return None

@@ -179,6 +179,9 @@ def build_parser():
                         help="also the exported SavedModel's translate_ids (exported per length)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes to check that the script runs (figures meaningless)")
+    parser.add_argument("--output", help="also write the results to this JSON file (a "
+                                         "folder of them makes RESULTS.md's table of the "
+                                         "peers: benchmarks/tables.py)")
     return parser
 
 
@@ -412,7 +415,7 @@ def main(argv=None):
     summary = summarize(args, seconds, outputs, lengths, peer)
     if args.ctranslate2:
         peer.close()
-    common.emit({
+    common.write_results({
         "benchmark": "decoding", "backend": backend, "config": args.config,
         "sizes": common.SIZES[args.config], "batch_size": args.batch_size,
         "source_length": args.source_length, "beam_size": k, "lengths": lengths,
@@ -423,7 +426,7 @@ def main(argv=None):
         "sentences_per_s": {method: {n: args.batch_size / s for n, s in by_length.items()}
                             for method, by_length in seconds.items()},
         "summary": summary, "quick": args.quick,
-    })
+    }, args.output)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,60 @@ def _ci(kind, record):
                        "the processes they started", "the rest (waiting)"), split)])
 
 
+BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
+
+
+def _decoding_peers(kind, runs):
+    """`decoding.py --ctranslate2 [--saved-model] --output FILE` runs, a file each
+    (a folder, in the order of their names): the commands, commit and machine; ms per
+    new token of our cached searches, of the SavedModel and of CTranslate2 in the same
+    run; and ours / CTranslate2 fp32, the ratio that compares like with like."""
+    import run_all
+
+    lengths = [str(n) for n in runs[0]["lengths"]]
+    searches = (("greedy", "greedy"), ("beam", f"beam {runs[0]['beam_size']}"))
+
+    def figures(by_length, digits=2):
+        return [f"{by_length[n]:.{digits}f}" for n in lengths]
+
+    lines = []
+    for run in runs:
+        machine, settings = run["machine"], run["summary"]["ctranslate2_settings"]
+        lines.append(f"- `{run['command']}` at commit `{run['commit']}`, on "
+                     f"{machine['usable_cores']} cores of {machine['cpu']} "
+                     f"({machine['isa']}); CTranslate2 kept fp32 on "
+                     f"{settings['fp32']}, int8 on {settings['int8']}")
+    times, ratios = [], []
+    for search, label in searches:
+        for run in runs:
+            name, ms = BACKEND_NAMES[run["backend"]], run["ms_per_token"]
+            ours = run["summary"]["ours_over_ctranslate2"]
+            times.append((f"{name} {label}", *figures(ms[f"{search}_cached"])))
+            ratios.append((f"{name} {label}", *figures(ours[f"{search}_fp32"])))
+            if f"{search}_saved_model" in ms:
+                times.append((f"SavedModel {label} ({name} run)",
+                              *figures(ms[f"{search}_saved_model"])))
+                ratios.append((f"SavedModel {label} ({name} run)",
+                               *figures(ours[f"{search}_saved_model_fp32"])))
+            for quantization in ("fp32", "int8"):
+                times.append((f"CTranslate2 {quantization} {label} ({name} run)",
+                              *figures(ms[f"{search}_ct2_{quantization}"])))
+    same = []
+    for run in runs:
+        summary = run["summary"]
+        same.append(f"{BACKEND_NAMES[run['backend']]} run "
+                    f"{summary['greedy_ct2_fp32_matches_cached']:.0%}" + (
+                        f" (SavedModel {summary['greedy_saved_model_matches_cached']:.0%})"
+                        if "greedy_saved_model_matches_cached" in summary else ""))
+    same = ", ".join(same)
+    return "\n\n".join([
+        "\n".join(lines),
+        run_all.table(("ms per new token", *lengths), times),
+        run_all.table(("ours / CTranslate2 fp32, same run", *lengths), ratios),
+        f"Greedy tokens of CTranslate2 fp32 equal to ours: {same}.",
+    ])
+
+
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
@@ -185,6 +239,7 @@ KINDS = {
     "serving": _serving,
     "trials": _trials,  # a folder of records, a row each, in the order of their names
     "ci": _ci,  # CI's record of its stages' time (.ci/times.py)
+    "decoding_peers": _decoding_peers,  # a folder of decoding.py --ctranslate2 runs
 }
 
 

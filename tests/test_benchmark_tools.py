@@ -253,3 +253,43 @@ def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, 
     assert "| **the README's test command** (the six above) | **796** (13.3 min) |" in text
     assert "| **all of `.ci/run`** | **1,206** (20.1 min) |" in text
     assert text.endswith("| the suite, JAX pass | 521 | 265 | 171 | 85 |")
+
+
+def test_decoding_runs_against_ctranslate2_make_the_peers_tables(tables):
+    """decoding.py --ctranslate2 --output files, one per backend: our times, the
+    SavedModel's where the run had one, CTranslate2's, and ours / CTranslate2 fp32."""
+    def run(backend, saved_model):
+        methods = ["greedy_cached", "beam_cached", "greedy_ct2_fp32", "beam_ct2_fp32",
+                   "greedy_ct2_int8", "beam_ct2_int8"]
+        methods += ["greedy_saved_model", "beam_saved_model"] if saved_model else []
+        ms = {method: {"32": 1.0 + i, "64": 2.0 + i} for i, method in enumerate(methods)}
+        ratios = {f"{search}{path}_fp32": {"32": 1.25, "64": 1.5}
+                  for search in ("greedy", "beam")
+                  for path in (("", "_saved_model") if saved_model else ("",))}
+        summary = {"ours_over_ctranslate2": ratios, "greedy_ct2_fp32_matches_cached": 1.0,
+                   "ctranslate2_settings": {"fp32": "2 threads, MKL", "int8": "1 thread"}}
+        if saved_model:
+            summary["greedy_saved_model_matches_cached"] = 0.5
+        return {"backend": backend, "beam_size": 4, "lengths": [32, 64], "ms_per_token": ms,
+                "summary": summary, "commit": "abc1234", "command": f"{backend} command",
+                "machine": {"usable_cores": 2, "cpu": "A CPU", "isa": "AVX2"}}
+
+    text = tables.KINDS["decoding_peers"]("decoding_peers",
+                                          [run("jax", False), run("tensorflow", True)])
+    assert text.startswith("- `jax command` at commit `abc1234`, on 2 cores of A CPU (AVX2); "
+                           "CTranslate2 kept fp32 on 2 threads, MKL, int8 on 1 thread\n")
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| ms per new token | 32 | 64 |" and rows[2] == "| JAX greedy | 1.00 | 2.00 |"
+    assert "| SavedModel beam 4 (TensorFlow run) | 8.00 | 9.00 |" in rows
+    assert "| CTranslate2 int8 beam 4 (JAX run) | 6.00 | 7.00 |" in rows
+    assert not [row for row in rows if row.startswith("| SavedModel") and "(JAX run)" in row]
+    assert "| SavedModel greedy (TensorFlow run) | 1.25 | 1.50 |" in rows
+    assert text.endswith("JAX run 100%, TensorFlow run 100% (SavedModel 50%).")
+
+
+def test_a_results_file_records_its_commit_command_and_machine(common, tmp_path, capsys):
+    output = tmp_path / "results.json"
+    common.write_results({"benchmark": "x"}, str(output))
+    written = json.loads(output.read_text())
+    assert written == json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert {"machine", "commit", "command", "benchmark"} <= set(written)

@@ -9,8 +9,9 @@ such a file between two markers, which name the file and what is made from it:
     | backend | config | ... |
     <!-- end of generated -->
 
-`run_all.py` writes its tables so, and `serving.py --output FILE` gives the file that a
-serving section is made from. A new run replaces the file and the table; git keeps the
+`run_all.py` writes its tables so, `serving.py --output FILE` gives the file that a
+serving section is made from, and the `decoding.py --ctranslate2 --output FILE` runs of a
+folder make the tables against CTranslate2. A new run replaces the file and the table; git keeps the
 history. Text around the markers (the commit line, what the table means) is written by
 hand.
 

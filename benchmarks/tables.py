@@ -113,10 +113,12 @@ def _trials(kind, records):
                           "test2016, lower-cased: last / averaged", "training time"), rows)
 
 
-def record(run_dir, output, trial, provenance=None):
-    """Writes the record of a finished training run that a table of trials is made from:
-    its results.json, its validation loss at each window's end (training_log.csv), the
-    trial's name and, for a run whose results.json predates it, its `provenance`."""
+def record(run_dir, output, trial, provenance=None, wall_seconds=None):
+    """Writes the record of a finished training run that a table is made from (a row
+    of a table of trials, the quickstart's table): its results.json, its validation loss
+    at each window's end (training_log.csv), the trial's name, the whole command's
+    `wall_seconds` where they were measured (`/usr/bin/time`), and, for a run whose
+    results.json predates it, its `provenance`."""
     import csv
 
     from keras_transformer_app import run_files
@@ -127,6 +129,8 @@ def record(run_dir, output, trial, provenance=None):
         losses = {row["step"].split(".")[0]: round(float(row["val_loss"]), 4)
                   for row in csv.DictReader(file) if row.get("val_loss")}
     results = {"trial": trial, **results, "validation_loss": losses}
+    if wall_seconds is not None:
+        results["wall_seconds"] = wall_seconds
     if provenance:
         results["provenance"] = {**provenance, **results.get("provenance", {})}
     if "provenance" not in results:
@@ -135,6 +139,33 @@ def record(run_dir, output, trial, provenance=None):
     with open(output, "w", encoding="utf-8") as file:
         json.dump(results, file, indent=1, sort_keys=True)
         file.write("\n")
+
+
+def _duration(seconds):
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+
+
+def _quickstart(kind, record):
+    """The quickstart's run (`--record ... --wall-seconds`): its command, commit and
+    machine, the whole command's time, training, the two evaluations, and the scores of
+    the last checkpoint and of the averaged model."""
+    import run_all
+
+    made, averaged = record["provenance"], record["averaged"]
+    evaluations = " + ".join(f"{result['test_sentences'] / result['sentences_per_second']:.1f} s"
+                             for result in (record, averaged))
+    row = (_duration(record["wall_seconds"]),
+           f"{record['train_seconds']:.0f} s "
+           f"({record['train_seconds'] / record['steps']:.3f} s a step)",
+           evaluations,
+           f"{record['exact_match']:.1%} / {record['bleu']:.2f}",
+           f"{averaged['exact_match']:.1%} / {averaged['bleu']:.2f}")
+    return (f"`{made['command']}` at commit `{made['commit']}`, on {made['cores']} cores of "
+            f"{made['cpu']} ({made['isa']}):\n\n" + run_all.table(
+                ("start to exported model", f"training ({record['steps']} steps)",
+                 f"evaluation (2 × {record['test_sentences']} sentences)",
+                 "exact match / BLEU", "averaged model: exact match / BLEU"), [row]))
 
 
 # CI's stages (.ci/run), in its order, and the name each is given in the table.
@@ -241,6 +272,7 @@ KINDS = {
     "trials": _trials,  # a folder of records, a row each, in the order of their names
     "ci": _ci,  # CI's record of its stages' time (.ci/times.py)
     "decoding_peers": _decoding_peers,  # a folder of decoding.py --ctranslate2 runs
+    "quickstart": _quickstart,  # the quickstart's record (--record ... --wall-seconds)
 }
 
 
@@ -329,13 +361,17 @@ def main(argv=None):
     parser.add_argument("--commit", help="with --record, for a run whose results.json "
                                          "names no provenance: the commit it ran")
     parser.add_argument("--command", help="with --record: the command it ran, likewise")
+    parser.add_argument("--wall-seconds", type=float,
+                        help="with --record: the whole command's seconds, start to end "
+                             "(/usr/bin/time's elapsed time)")
     args = parser.parse_args(argv)
     if args.record:
         if not args.trial:
             parser.error("--record needs --trial")
         given = {"commit": args.commit, "command": args.command}
         record(*args.record, args.trial,
-               {key: value for key, value in given.items() if value} or None)
+               {key: value for key, value in given.items() if value} or None,
+               args.wall_seconds)
         return 0
     if args.write:
         for page in write():

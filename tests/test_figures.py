@@ -115,3 +115,13 @@ def test_every_stale_table_of_figures_says_so():
                   f"{', '.join(t.changed[:3])}...)"
                   for t in figures.stale_tables(REPOSITORY) if not t.labelled]
     assert unlabelled == [], "run python benchmarks/run_all.py --check --write"
+
+
+def test_a_generated_blocks_marker_is_not_a_command_of_its_section():
+    # The marker names the script that writes the table (benchmarks/tables.py), which
+    # measured nothing: a change to it leaves the figures current.
+    block = ("<!-- generated from docs/results/x.json (quickstart) by benchmarks/tables.py -->\n"
+             "| a |\n| --- |\n| 1 |\n<!-- end of generated -->\n")
+    assert figures.entry_files(block, REPOSITORY) is None
+    assert figures.entry_files("`python benchmarks/decoding.py`:\n\n" + block,
+                               REPOSITORY) == {"benchmarks/decoding.py"}

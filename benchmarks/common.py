@@ -296,7 +296,7 @@ def write_results(results, output=None):
     results = completed(results)
     if output:
         with open(output, "w") as file:
-            json.dump(results, file, indent=1, default=str)
+            json.dump(_clean(results), file, indent=1, default=str)
     emit(results)
 
 
@@ -314,19 +314,19 @@ def emit(result):
     """Prints the script's result as its final stdout line: one JSON object, with the
     machine it ran on (`machine()`: the CPU, its widest ISA, the `--max-isa` cap), the
     commit measured and the command, where the script gave none of its own."""
-    result = completed(result)
-
-    def clean(value):  # JSON has no NaN / inf
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {key: clean(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(item) for item in value]
-        return value
-
     sys.stdout.flush()
-    print(json.dumps(clean(result), sort_keys=True), flush=True)
+    print(json.dumps(_clean(completed(result)), sort_keys=True), flush=True)
+
+
+def _clean(value):
+    """`value` with None for NaN and infinities, which JSON has not."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _clean(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(item) for item in value]
+    return value
 
 
 def progress(message):

@@ -32,7 +32,7 @@ COMMIT = re.compile(r"\bcommits? `([0-9a-f]{7,40})`")
 NOT_MEASURED = "<!-- not measured -->"
 LABEL = "the code has changed since"
 COMMAND = re.compile(r"benchmarks/(\w+)\.py|recipes\.(\w+)|keras-transformer (\w+)")
-GENERATED_MARKER = re.compile(r"<!-- generated from \S+ \([\w.]+\) by benchmarks/tables\.py -->")
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 # The program's folders: what a section with no command measured.
 PROGRAM = ("keras_transformer", "keras_transformer_app", "recipes", "benchmarks")
 
@@ -85,9 +85,9 @@ def entry_files(section, root=ROOT):
     """The repository's files that the section's commands start, or None when it
     names none."""
     files = set()
-    # A generated block's marker names the script that writes the table, not one that
-    # measured its figures.
-    section = GENERATED_MARKER.sub("", section)
+    # Comments are not the section's commands: a generated block's marker names the
+    # script that writes the table (benchmarks/tables.py), which measured nothing.
+    section = HTML_COMMENT.sub("", section)
     for script, recipe, command in COMMAND.findall(section):
         path = (f"benchmarks/{script}.py" if script else f"recipes/{recipe}.py" if recipe
                 else "keras_transformer_app/__main__.py")

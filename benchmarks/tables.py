@@ -20,7 +20,8 @@ hand.
     python benchmarks/tables.py --record runs/NAME docs/results/TRIALS/NN-NAME.json --trial NAME
 
 A table of trials (`trials`) is made from a folder of such records, a row each, in the
-order of their names.
+order of their names; the quickstart's table (`quickstart`) from one, recorded with
+`--wall-seconds`, the whole command's time as `/usr/bin/time` gave it.
 """
 
 import json
@@ -220,6 +221,11 @@ def _decoding_peers(kind, runs):
     run; and ours / CTranslate2 fp32, the ratio that compares like with like."""
     import run_all
 
+    if not runs or any("ctranslate2_settings" not in run["summary"] for run in runs):
+        raise ValueError("a table against CTranslate2 needs decoding.py --ctranslate2 runs")
+    if len({(tuple(run["lengths"]), run["beam_size"]) for run in runs}) > 1:
+        raise ValueError("the runs of a table against CTranslate2 decode other lengths or "
+                         "beams: run them with the same --lengths and --beam-size")
     lengths = [str(n) for n in runs[0]["lengths"]]
     searches = (("greedy", "greedy"), ("beam", f"beam {runs[0]['beam_size']}"))
 
@@ -231,8 +237,8 @@ def _decoding_peers(kind, runs):
         machine, settings = run["machine"], run["summary"]["ctranslate2_settings"]
         lines.append(f"- `{run['command']}` at commit `{run['commit']}`, on "
                      f"{machine['usable_cores']} cores of {machine['cpu']} "
-                     f"({machine['isa']}); CTranslate2 kept fp32 on "
-                     f"{settings['fp32']}, int8 on {settings['int8']}")
+                     f"({machine['isa']}); CTranslate2 kept fp32 ({settings['fp32']}) "
+                     f"and int8 ({settings['int8']})")
     times, ratios = [], []
     for search, label in searches:
         for run in runs:
@@ -356,8 +362,8 @@ def main(argv=None):
                         help="write every generated block again from its results file")
     parser.add_argument("--record", nargs=2, metavar=("RUN_DIR", "OUTPUT"),
                         help="write the record of a finished training run (a row of a table "
-                             "of trials) to OUTPUT")
-    parser.add_argument("--trial", help="with --record: the trial's name in its row")
+                             "of trials, the quickstart's table) to OUTPUT")
+    parser.add_argument("--trial", help="with --record: the run's name (a trial's row)")
     parser.add_argument("--commit", help="with --record, for a run whose results.json "
                                          "names no provenance: the commit it ran")
     parser.add_argument("--command", help="with --record: the command it ran, likewise")
@@ -365,6 +371,9 @@ def main(argv=None):
                         help="with --record: the whole command's seconds, start to end "
                              "(/usr/bin/time's elapsed time)")
     args = parser.parse_args(argv)
+    if not args.record and (args.trial or args.commit or args.command
+                            or args.wall_seconds is not None):
+        parser.error("--trial, --commit, --command and --wall-seconds go with --record")
     if args.record:
         if not args.trial:
             parser.error("--record needs --trial")

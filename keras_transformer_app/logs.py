@@ -78,7 +78,7 @@ def start(native_logs=None, keep_jax=False):
     """What an entry point of the program (`keras-transformer`, a recipe or a
     benchmark script run as `__main__`) does first, before anything loads Keras or
     TensorFlow: quiets the native logs (`quiet_native_logs`), leaves JAX unloaded
-    under another backend (`skip_jax_unless_backend`), and ends the process
+    under the TensorFlow and PyTorch backends (`skip_jax_unless_backend`), and ends the process
     quietly on SIGINT (status 130) or SIGTERM (143) until the command installs its
     own handlers (`keras_transformer_app.cli.errors.command_line`): nothing has begun
     that could be lost. Never called on import: a program that imports the library,
@@ -101,7 +101,7 @@ def start(native_logs=None, keep_jax=False):
 
 
 def skip_jax_unless_backend(environ=os.environ, modules=sys.modules):
-    """Under a `KERAS_BACKEND` other than JAX, makes `import jax` fail as it would
+    """Under `KERAS_BACKEND` TensorFlow or PyTorch, makes `import jax` fail as it would
     if JAX were not installed, for the rest of the process. Keras (its Orbax
     checkpoint callback) and TensorFlow (TFLite) import JAX under every backend when
     it is installed, only to patch or wrap it, and both go on without it: that import
@@ -110,11 +110,11 @@ def skip_jax_unless_backend(environ=os.environ, modules=sys.modules):
     `sys.modules` is Python's own way to say a module is absent: `import jax` raises
     ModuleNotFoundError and `importlib.util.find_spec("jax")` returns None.
 
-    Only when `KERAS_BACKEND` names the backend (one chosen in keras.json leaves JAX
-    as it is), and only before JAX has loaded. An entry point's (`start`); never the
-    library's."""
-    backend = environ.get("KERAS_BACKEND", "").strip().lower()
-    if backend and backend != "jax" and "jax" not in modules:
+    Only when `KERAS_BACKEND` names one of the two (one chosen in keras.json, and
+    Keras's numpy backend, which imports JAX itself, leave JAX as it is), and only
+    before JAX has loaded. An entry point's (`start`); never the library's."""
+    if environ.get("KERAS_BACKEND", "").strip() in ("tensorflow", "torch") and (
+            "jax" not in modules):
         modules["jax"] = None
 
 

@@ -263,9 +263,10 @@ def test_decoding_runs_against_ctranslate2_make_the_peers_tables(tables):
                    "greedy_ct2_int8", "beam_ct2_int8"]
         methods += ["greedy_saved_model", "beam_saved_model"] if saved_model else []
         ms = {method: {"32": 1.0 + i, "64": 2.0 + i} for i, method in enumerate(methods)}
-        ratios = {f"{search}{path}_fp32": {"32": 1.25, "64": 1.5}
-                  for search in ("greedy", "beam")
-                  for path in (("", "_saved_model") if saved_model else ("",))}
+        ratios = {f"{search}{path}_fp32": {"32": 1.25 + i, "64": 1.5 + i}
+                  for i, (search, path) in enumerate(
+                      (search, path) for search in ("greedy", "beam")
+                      for path in (("", "_saved_model") if saved_model else ("",)))}
         summary = {"ours_over_ctranslate2": ratios, "greedy_ct2_fp32_matches_cached": 1.0,
                    "ctranslate2_settings": {"fp32": "2 threads, MKL", "int8": "1 thread"}}
         if saved_model:
@@ -277,14 +278,48 @@ def test_decoding_runs_against_ctranslate2_make_the_peers_tables(tables):
     text = tables.KINDS["decoding_peers"]("decoding_peers",
                                           [run("jax", False), run("tensorflow", True)])
     assert text.startswith("- `jax command` at commit `abc1234`, on 2 cores of A CPU (AVX2); "
-                           "CTranslate2 kept fp32 on 2 threads, MKL, int8 on 1 thread\n")
+                           "CTranslate2 kept fp32 (2 threads, MKL) and int8 (1 thread)\n")
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert rows[0] == "| ms per new token | 32 | 64 |" and rows[2] == "| JAX greedy | 1.00 | 2.00 |"
     assert "| SavedModel beam 4 (TensorFlow run) | 8.00 | 9.00 |" in rows
     assert "| CTranslate2 int8 beam 4 (JAX run) | 6.00 | 7.00 |" in rows
     assert not [row for row in rows if row.startswith("| SavedModel") and "(JAX run)" in row]
-    assert "| SavedModel greedy (TensorFlow run) | 1.25 | 1.50 |" in rows
+    # The ratios: greedy before beam, each run's own, the SavedModel's after TensorFlow's.
+    assert rows[rows.index("| ours / CTranslate2 fp32, same run | 32 | 64 |") + 2:] == [
+        "| JAX greedy | 1.25 | 1.50 |", "| TensorFlow greedy | 1.25 | 1.50 |",
+        "| SavedModel greedy (TensorFlow run) | 2.25 | 2.50 |", "| JAX beam 4 | 2.25 | 2.50 |",
+        "| TensorFlow beam 4 | 3.25 | 3.50 |",
+        "| SavedModel beam 4 (TensorFlow run) | 4.25 | 4.50 |"]
     assert text.endswith("JAX run 100%, TensorFlow run 100% (SavedModel 50%).")
+    with pytest.raises(ValueError, match="same --lengths"):
+        tables.KINDS["decoding_peers"]("decoding_peers",
+                                       [run("jax", False), {**run("torch", False), "beam_size": 2}])
+
+
+def test_the_quickstarts_table_is_made_from_its_record(tables, tmp_path):
+    """--record with --wall-seconds keeps the command's time, and the table reads it with
+    the training, the two evaluations and both models' scores."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    result = {"test_sentences": 500, "exact_match": 0.968, "bleu": 99.1886}
+    (run_dir / "results.json").write_text(json.dumps({
+        **result, "steps": 1250, "train_seconds": 171.2, "sentences_per_second": 100.0,
+        "averaged": {**result, "exact_match": 0.982, "bleu": 99.6017,
+                     "sentences_per_second": 800.0},
+        "provenance": {"command": "the command", "commit": "abc1234", "cores": 2,
+                       "cpu": "A CPU", "isa": "AVX-512"}}))
+    (run_dir / "training_log.csv").write_text("step,val_loss\n1250,1.5\n")
+    output = tmp_path / "quickstart.json"
+    assert tables.main(["--record", str(run_dir), str(output), "--trial", "quickstart",
+                        "--wall-seconds", "200.87"]) == 0
+    record = json.loads(output.read_text())
+    assert record["wall_seconds"] == 200.87 and record["validation_loss"] == {"1250": 1.5}
+    text = tables.KINDS["quickstart"]("quickstart", record)
+    assert text.startswith("`the command` at commit `abc1234`, on 2 cores of A CPU (AVX-512):")
+    assert text.endswith("| 3 min 21 s | 171 s (0.137 s a step) | 5.0 s + 0.6 s "
+                         "| 96.8% / 99.19 | 98.2% / 99.60 |")
+    with pytest.raises(SystemExit):
+        tables.main(["--wall-seconds", "3"])  # only with --record
 
 
 def test_a_results_file_records_its_commit_command_and_machine(common, tmp_path, capsys):

@@ -85,12 +85,12 @@ def test_a_command_line_shows_the_native_logs_when_asked(tmp_path):
 
 @pytest.mark.once("torch")  # the decision alone, on given mappings
 @pytest.mark.parametrize("backend, loaded, hidden", [
-    ("tensorflow", False, True), ("torch", False, True), ("TORCH", False, True),
-    ("jax", False, False), ("", False, False), (None, False, False),
+    ("tensorflow", False, True), ("torch", False, True), ("jax", False, False),
+    ("numpy", False, False), ("", False, False), (None, False, False),
     ("tensorflow", True, False),
 ])
-def test_jax_is_skipped_only_under_a_named_other_backend_before_it_loads(backend, loaded,
-                                                                         hidden):
+def test_jax_is_skipped_only_under_tensorflow_or_torch_before_it_loads(backend, loaded,
+                                                                          hidden):
     environ = {} if backend is None else {"KERAS_BACKEND": backend}
     jax = object()
     modules = {"jax": jax} if loaded else {}

@@ -332,12 +332,14 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert cooldown_steps("12.5%", 200) == 25
     # English→German's own defaults, each replaced by the option given by hand.
     en_de = multi30k.parse_args(["--direction", "en-de"])
-    assert (en_de.norm_position, en_de.dropout_rate) == ("pre", 0.3)
+    assert (en_de.norm_position, en_de.dropout_rate, en_de.label_smoothing) == ("pre", 0.3, 0.2)
     config = recipe.model_config(en_de, ["--direction", "en-de"])
-    assert (config.norm_position, config.dropout_rate) == ("pre", 0.3)
+    assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
+        "pre", 0.3, 0.2)
     by_hand = multi30k.parse_args(["--direction=en-de", "--dropout-rate", "0.2",
-                                   "--norm-position", "post"])
-    assert (by_hand.norm_position, by_hand.dropout_rate) == ("post", 0.2)
+                                   "--norm-position", "post", "--label-smoothing", "0.1"])
+    assert (by_hand.norm_position, by_hand.dropout_rate, by_hand.label_smoothing) == (
+        "post", 0.2, 0.1)
     assert args.norm_position is None  # German→English: the preset's post-norm
 
 

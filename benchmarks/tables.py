@@ -85,6 +85,14 @@ def _options(command):
     return f"`{' '.join(kept)}`" if kept else "(none)"
 
 
+def _duration(seconds):
+    """"1 h 45 min 17 s", "3 min 21 s", "42 s": the units above the seconds when not 0."""
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return (f"{hours} h {minutes} min {seconds} s" if hours else
+            f"{minutes} min {seconds} s" if minutes else f"{seconds} s")
+
+
 def _trials(kind, records):
     """A row per recorded run (`--record`): its options, commit, the validation loss at
     steps 1000, 2400 and 3600 and at its last step, the validation BLEU of the α it
@@ -99,13 +107,11 @@ def _trials(kind, records):
         alpha = tuning.get("alpha")
         validation = (f"{tuning['bleu_lowercase'][str(alpha)]:.2f} ({alpha:g})" if tuning
                       else "–")
-        minutes, seconds = divmod(round(record["train_seconds"]), 60)
         rows.append((record["trial"], _options(made["command"]), f"commit `{made['commit']}`",
                      record["steps"], at, f"{losses[str(record['steps'])]:.3f}", validation,
                      f"{record['bleu_lowercase']:.2f} / "
                      f"{record['averaged']['bleu_lowercase']:.2f}",
-                     f"{minutes // 60} h {minutes % 60} min {seconds} s" if minutes >= 60
-                     else f"{minutes} min {seconds} s"))
+                     _duration(record["train_seconds"])))
     import run_all
 
     return run_all.table(("trial", "options", "code", "steps",
@@ -140,11 +146,6 @@ def record(run_dir, output, trial, provenance=None, wall_seconds=None):
     with open(output, "w", encoding="utf-8") as file:
         json.dump(results, file, indent=1, sort_keys=True)
         file.write("\n")
-
-
-def _duration(seconds):
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
 
 
 def _quickstart(kind, record):

@@ -20,7 +20,8 @@ hand.
     python benchmarks/tables.py --record runs/NAME docs/results/TRIALS/NN-NAME.json --trial NAME
 
 A table of trials (`trials`) is made from a folder of such records, a row each, in the
-order of their names; the quickstart's table (`quickstart`) from one, recorded with
+order of their names, and so is distributed.md's table of one process against a cluster
+(`clusters`); the quickstart's table (`quickstart`) from one, recorded with
 `--wall-seconds`, the whole command's time as `/usr/bin/time` gave it.
 """
 
@@ -122,10 +123,10 @@ def _trials(kind, records):
 
 def record(run_dir, output, trial, provenance=None, wall_seconds=None):
     """Writes the record of a finished training run that a table is made from (a row
-    of a table of trials, the quickstart's table): its results.json, its validation loss
-    at each window's end (training_log.csv), the trial's name, the whole command's
-    `wall_seconds` where they were measured (`/usr/bin/time`), and, for a run whose
-    results.json predates it, its `provenance`."""
+    of a table of trials or of clusters, the quickstart's table): its results.json, its
+    training and validation loss at each window's end (training_log.csv), the run's name,
+    the whole command's `wall_seconds` where they were measured (`/usr/bin/time`), and, for
+    a run whose results.json predates it, its `provenance`."""
     import csv
 
     from keras_transformer_app import run_files
@@ -133,9 +134,12 @@ def record(run_dir, output, trial, provenance=None, wall_seconds=None):
     with open(run_files.path(run_dir, run_files.RESULTS), encoding="utf-8") as file:
         results = json.load(file)
     with open(run_files.path(run_dir, run_files.TRAINING_LOG), encoding="utf-8") as file:
-        losses = {row["step"].split(".")[0]: round(float(row["val_loss"]), 4)
-                  for row in csv.DictReader(file) if row.get("val_loss")}
-    results = {"trial": trial, **results, "validation_loss": losses}
+        rows = list(csv.DictReader(file))
+    # Every digit the log has: a trial's table shows 3 decimals, the table of clusters 6 (two
+    # runs agree to 1e-5).
+    losses, training = ({row["step"].split(".")[0]: float(row[name]) for row in rows
+                         if row.get(name)} for name in ("val_loss", "loss"))
+    results = {"trial": trial, **results, "validation_loss": losses, "training_loss": training}
     if wall_seconds is not None:
         results["wall_seconds"] = wall_seconds
     if provenance:
@@ -146,6 +150,25 @@ def record(run_dir, output, trial, provenance=None, wall_seconds=None):
     with open(output, "w", encoding="utf-8") as file:
         json.dump(results, file, indent=1, sort_keys=True)
         file.write("\n")
+
+
+def _clusters(kind, records):
+    """A row per recorded run of distributed.md's commands (a backend's one-process run and
+    its cluster's, each `--record`ed with the run's name): the training loss at each
+    window's end, the validation loss at the last, to 6 decimals, and the training time."""
+    import run_all
+
+    steps = sorted(records[0]["training_loss"], key=int)
+    for record in records:
+        if sorted(record["training_loss"], key=int) != steps:
+            raise ValueError(f"{record['trial']}: its windows end at other steps than "
+                             f"{records[0]['trial']}'s")
+    rows = [(BACKEND_NAMES[record["backend"]], record["trial"],
+             *(f"{record['training_loss'][step]:.6f}" for step in steps),
+             f"{record['validation_loss'][steps[-1]]:.6f}", _duration(record["train_seconds"]))
+            for record in records]
+    return run_all.table(("backend", "run", *(f"step {step}" for step in steps),
+                          f"validation loss, step {steps[-1]}", "training"), rows)
 
 
 def _quickstart(kind, record):
@@ -280,6 +303,7 @@ KINDS = {
     "ci": _ci,  # CI's record of its stages' time (.ci/times.py)
     "decoding_peers": _decoding_peers,  # a folder of decoding.py --ctranslate2 runs
     "quickstart": _quickstart,  # the quickstart's record (--record ... --wall-seconds)
+    "clusters": _clusters,  # a folder of records: distributed.md's runs, a row each
 }
 
 

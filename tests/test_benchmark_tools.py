@@ -222,6 +222,36 @@ def test_a_table_of_trials_is_made_from_the_records_of_finished_runs(tables, tmp
     assert tables.differences(str(tmp_path)) == []
 
 
+def test_a_table_of_clusters_is_made_from_the_records_of_their_runs(tables, tmp_path):
+    from keras_transformer_app import run_files
+
+    folder = tmp_path / "docs" / "results" / "clusters"
+    folder.mkdir(parents=True)
+    logs = {"one": "epoch,step,loss,val_loss\n0,5.0,7.4003911,7.1\n1,10.0,7.2877664,6.8371052\n",
+            "two": "epoch,step,loss,val_loss\n0,5.0,7.4003911,7.1\n1,10.0,7.2877642,6.8371091\n",
+            "short": "epoch,step,loss,val_loss\n0,5.0,7.4,7.1\n"}
+    for index, (name, log) in enumerate(logs.items()):
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / run_files.RESULTS).write_text(json.dumps(
+            {"backend": "jax", "train_seconds": 447.2,
+             "provenance": {"commit": "abcdef1", "command": "python -m recipes.multi30k"}}))
+        (run_dir / run_files.TRAINING_LOG).write_text(log)
+        tables.record(str(run_dir), str(folder / f"{index}-{name}.json"), f"run {name}")
+    records = [json.loads((folder / f"{index}-{name}.json").read_text())
+               for index, name in enumerate(logs)]
+    assert records[0]["training_loss"] == {"5": 7.4003911, "10": 7.2877664}
+    assert records[0]["validation_loss"]["10"] == 6.8371052  # every digit the log has
+    text = tables.KINDS["clusters"]("clusters", records[:2])
+    assert text.splitlines() == [
+        "| backend | run | step 5 | step 10 | validation loss, step 10 | training |",
+        "| --- | --- | --- | --- | --- | --- |",
+        "| JAX | run one | 7.400391 | 7.287766 | 6.837105 | 7 min 27 s |",
+        "| JAX | run two | 7.400391 | 7.287764 | 6.837109 | 7 min 27 s |"]
+    with pytest.raises(ValueError, match="run short: its windows end at other steps"):
+        tables.KINDS["clusters"]("clusters", records)
+
+
 def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, monkeypatch):
     """.ci/run's lines (a stage's seconds; a pytest run's split, from tests/cpu_time.py)
     become .ci/times.py's record, and the record installation.md's tables."""

@@ -171,6 +171,41 @@ def _clusters(kind, records):
                           f"validation loss, step {steps[-1]}", "training"), rows)
 
 
+def _wmt14_scale(kind, runs):
+    """`wmt14_scale.py --output FILE` runs, a file each (docs/wmt14.md): a row per recipe
+    run (the first, and the second that reads the cache), with the batch and the loss it
+    ran with, its peak memory, the seconds from the command to each phase's line, and the
+    padding; then each file's commit, corpus and cache, and the Multi30k recipe's padding."""
+    import run_all
+    import wmt14_scale
+
+    labels = [label for label, _ in wmt14_scale.PHASES]
+    names = {"read": "corpus read", "sampled": "sample drawn", "planned": "batches planned"}
+    rows, notes = [], []
+    for result in runs:
+        loss = (f"chunks of {result['loss_chunk_size']:,}" if result["loss_chunk_size"]
+                else "whole logits")
+        for run in result["runs"]:
+            phases, padding = run["phases_s"], run["padding"]
+            rows.append((f"{result['tokens_per_batch']:,}", loss,
+                         "first" if run["steps"] == 1 else "second (reads the cache)",
+                         f"{run['data_peak_rss_gb']:.2f} / {run['peak_rss_gb']:.2f} GB",
+                         f"{run['with_children_peak_rss_gb']:.2f} GB",
+                         *(_duration(phases[label]) if label in phases else "—"
+                           for label in labels),
+                         f"{padding[0]}% / {padding[1]}%" if padding else "—"))
+        notes.append(f"{result['tokens_per_batch']:,} tokens, {loss}: commit "
+                     f"`{result['commit']}`, {result['pairs']:,} pairs, {result['backend']}, "
+                     f"a token cache of {result['cache_mb']:,.0f} MiB")
+    source, target = runs[0]["multi30k_padding"]
+    return "\n\n".join([
+        run_all.table(("tokens a side", "loss", "run", "peak RSS: data ready / whole run",
+                       "with child processes", *(names.get(label, label) for label in labels),
+                       "padding, source / target"), rows),
+        "Runs: " + "; ".join(notes) + f". The Multi30k recipe pads {source}% / {target}% of "
+        "its own training split."])
+
+
 def _quickstart(kind, record):
     """The quickstart's run (`--record ... --wall-seconds`): its command, commit and
     machine, the whole command's time, training, the two evaluations, and the scores of
@@ -304,6 +339,7 @@ KINDS = {
     "decoding_peers": _decoding_peers,  # a folder of decoding.py --ctranslate2 runs
     "quickstart": _quickstart,  # the quickstart's record (--record ... --wall-seconds)
     "clusters": _clusters,  # a folder of records: distributed.md's runs, a row each
+    "wmt14_scale": _wmt14_scale,  # a folder of wmt14_scale.py --output runs
 }
 
 

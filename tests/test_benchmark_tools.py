@@ -252,6 +252,36 @@ def test_a_table_of_clusters_is_made_from_the_records_of_their_runs(tables, tmp_
         tables.KINDS["clusters"]("clusters", records)
 
 
+def test_wmt14_scale_runs_make_the_table_of_memory_and_time(tables):
+    def result(tokens, chunk):
+        run = {"steps": 1, "peak_rss_gb": 2.891, "with_children_peak_rss_gb": 2.9,
+               "data_peak_rss_gb": 2.305, "padding": [8, 10],
+               "phases_s": {"read": 4.2, "sampled": 9.0, "vocabulary": 33.4, "tokenized": 205,
+                            "planned": 205.4, "first steps": 232.0}}
+        second = {**run, "steps": 2, "phases_s": {"read": 5, "vocabulary": 5.2,
+                                                  "tokenized": 7, "planned": 8,
+                                                  "first steps": 33}}
+        return {"commit": "abcdef1", "pairs": 4_500_000, "backend": "tensorflow",
+                "tokens_per_batch": tokens, "loss_chunk_size": chunk, "cache_mb": 516.2,
+                "multi30k_padding": [13, 16], "runs": [run, second]}
+
+    text = tables.KINDS["wmt14_scale"]("wmt14_scale", [result(2048, 1024), result(4096, 0)])
+    lines = text.splitlines()
+    assert lines[0] == ("| tokens a side | loss | run | peak RSS: data ready / whole run | with "
+                        "child processes | corpus read | sample drawn | vocabulary | tokenized "
+                        "| batches planned | first steps | padding, source / target |")
+    assert lines[2] == ("| 2,048 | chunks of 1,024 | first | 2.31 / 2.89 GB | 2.90 GB | 4 s | "
+                        "9 s | 33 s | 3 min 25 s | 3 min 25 s | 3 min 52 s | 8% / 10% |")
+    assert lines[3].startswith("| 2,048 | chunks of 1,024 | second (reads the cache) |")
+    assert "| 5 s | — | 5 s |" in lines[3]
+    assert lines[5].startswith("| 4,096 | whole logits | second (reads the cache) |")
+    assert lines[-1] == (
+        "Runs: 2,048 tokens, chunks of 1,024: commit `abcdef1`, 4,500,000 pairs, tensorflow, a "
+        "token cache of 516 MiB; 4,096 tokens, whole logits: commit `abcdef1`, 4,500,000 pairs, "
+        "tensorflow, a token cache of 516 MiB. The Multi30k recipe pads 13% / 16% of its own "
+        "training split.")
+
+
 def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, monkeypatch):
     """.ci/run's lines (a stage's seconds; a pytest run's split, from tests/cpu_time.py)
     become .ci/times.py's record, and the record installation.md's tables."""

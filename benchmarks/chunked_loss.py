@@ -6,7 +6,7 @@ One process per (backend, vocabulary, chunk size), so that each peak RSS (the pr
 high-water mark, ru_maxrss) is that configuration's alone, in `--rounds` interleaved rounds
 (every configuration, then again), so that a slow spell of the machine does not fall on one
 configuration only; the table gives the median of the rounds. Each trains the Multi30k
-recipe's model (d_model 128, N 4, h 4, d_ff 512, dropout 0.2, shared vocabulary, tied
+recipe's sizes (d_model 128, N 4, h 4, d_ff 512; post-norm, dropout 0.2, shared vocabulary, tied
 projection) on one random batch of `--batch` × `--length` tokens a side, the paper's
 optimizer and label smoothing, with `train_on_batch` (one shape: nothing compiles after
 the warm-up), and reports the median of `--steps` timed steps. At 8,000 subwords a

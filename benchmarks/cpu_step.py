@@ -3,7 +3,7 @@ the label-smoothed loss fused or not, and where each backend's step goes.
 
 One process per (backend, loss), in interleaved rounds (TensorFlow, JAX, torch, then
 again), so that a slow spell of the machine does not fall on one backend only. Each
-trains the recipe's model (d_model 128, N 4, h 4, d_ff 512, dropout 0.2, separate
+trains the recipe's sizes (d_model 128, N 4, h 4, d_ff 512; post-norm, dropout 0.2, separate
 vocabularies of 8000) with `model.fit` on the recipe's batches (2048 tokens a side,
 buckets 4 wide) of Multi30k's training split from `--data-dir` (the synthetic task when
 it is absent), the paper's optimizer and schedule, and reports the median

@@ -2,8 +2,8 @@
 checkout given: what a change to the layers costs or saves, measured side by side.
 
 One process per (backend, checkout), each importing the `keras_transformer` of its checkout:
-the recipe's model (d_model 128, N 4, h 4, d_ff 512, dropout 0.2, two vocabularies of 8000)
-compiled with the paper's optimizer and loss (`compile_model`), trained with
+the recipe's sizes (d_model 128, N 4, h 4, d_ff 512; post-norm, dropout 0.2, two vocabularies
+of 8000) compiled with the paper's optimizer and loss (`compile_model`), trained with
 `train_on_batch` on one fixed batch of 64 sentences (32 source and 33 target positions,
 the last 4 of each padding), 3 steps to compile, then the median milliseconds of `--steps`
 steps. A synthetic batch, so the data pipeline is not timed.

@@ -318,7 +318,7 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
         8000, None, 2048, 200)
     assert (args.vocab_size, args.separate_vocabularies, args.bucket_width) == (8000, True, 4)
     assert (args.d_model, args.num_layers, args.num_heads, args.d_ff, args.dropout_rate) == (
-        128, 4, 4, 512, 0.2)
+        128, 4, 4, 512, 0.3)
     assert args.cooldown_steps == "40%" and cooldown_steps(args.cooldown_steps, 8000) == 3200
     assert args.tune_alpha == (0.8, 1.0, 1.2, 1.4)
     # A length or an α given by hand replaces the default one.
@@ -330,17 +330,23 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert multi30k.parse_args(["--no-separate-vocabularies"]).separate_vocabularies is False
     assert recipe.build_parser("x", "", {}).parse_args([]).separate_vocabularies is False
     assert cooldown_steps("12.5%", 200) == 25
-    # English→German's own defaults, each replaced by the option given by hand.
-    en_de = multi30k.parse_args(["--direction", "en-de"])
-    assert (en_de.norm_position, en_de.dropout_rate, en_de.label_smoothing) == ("pre", 0.3, 0.2)
-    config = recipe.model_config(en_de, ["--direction", "en-de"])
-    assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
-        "pre", 0.3, 0.2)
+    # Pre-norm, dropout 0.3 and label smoothing 0.2 in both directions (their trials), each
+    # replaced by the option given by hand.
+    for direction in ("de-en", "en-de"):
+        chosen = multi30k.parse_args(["--direction", direction])
+        assert (chosen.norm_position, chosen.dropout_rate, chosen.label_smoothing) == (
+            "pre", 0.3, 0.2)
+        config = recipe.model_config(chosen, ["--direction", direction])
+        assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
+            "pre", 0.3, 0.2)
     by_hand = multi30k.parse_args(["--direction=en-de", "--dropout-rate", "0.2",
                                    "--norm-position", "post", "--label-smoothing", "0.1"])
     assert (by_hand.norm_position, by_hand.dropout_rate, by_hand.label_smoothing) == (
         "post", 0.2, 0.1)
-    assert args.norm_position is None  # German→English: the preset's post-norm
+    config = recipe.model_config(by_hand, ["--direction=en-de", "--dropout-rate", "0.2",
+                                           "--norm-position", "post", "--label-smoothing", "0.1"])
+    assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
+        "post", 0.2, 0.1)
 
 
 @pytest.mark.parametrize("module, argv", [(multi30k, []), (quickstart, []), (anki, [])])

@@ -175,18 +175,25 @@ def _wmt14_scale(kind, runs):
     """`wmt14_scale.py --output FILE` runs, a file each (docs/wmt14.md): a row per recipe
     run (the first, and the second that reads the cache), with the batch and the loss it
     ran with, its peak memory, the seconds from the command to each phase's line, and the
-    padding; then each file's commit, corpus and cache, and the Multi30k recipe's padding."""
+    padding; then each file's commit, corpus and cache, the Multi30k recipe's padding, and
+    each run's resident memory as each phase's line came."""
     import run_all
     import wmt14_scale
 
     labels = [label for label, _ in wmt14_scale.PHASES]
     names = {"read": "corpus read", "sampled": "sample drawn", "planned": "batches planned"}
-    rows, notes = [], []
+    rows, notes, memory = [], [], []
     for result in runs:
         loss = (f"chunks of {result['loss_chunk_size']:,}" if result["loss_chunk_size"]
                 else "whole logits")
         for run in result["runs"]:
             phases, padding = run["phases_s"], run["padding"]
+            memory.append(
+                f"- {result['tokens_per_batch']:,} tokens, {loss}, "
+                f"{'first' if run['steps'] == 1 else 'second'} run: "
+                + ", ".join(f"{names.get(label, label)} {gb:.2f} GB"
+                            + (f" ({run['file_gb'][label]:.2f})" if label in run["file_gb"]
+                               else "") for label, gb in run["rss_gb"].items()))
             rows.append((f"{result['tokens_per_batch']:,}", loss,
                          "first" if run["steps"] == 1 else "second (reads the cache)",
                          f"{run['data_peak_rss_gb']:.2f} / {run['peak_rss_gb']:.2f} GB",
@@ -203,7 +210,9 @@ def _wmt14_scale(kind, runs):
                        "with child processes", *(names.get(label, label) for label in labels),
                        "padding, source / target"), rows),
         "Runs: " + "; ".join(notes) + f". The Multi30k recipe pads {source}% / {target}% of "
-        "its own training split."])
+        "its own training split.",
+        "Resident memory (VmRSS) as each line came, and in parentheses the part of it that is "
+        "mapped files' pages (RssFile):\n\n" + "\n".join(memory)])
 
 
 def _quickstart(kind, record):

@@ -257,7 +257,8 @@ def test_wmt14_scale_runs_make_the_table_of_memory_and_time(tables):
         run = {"steps": 1, "peak_rss_gb": 2.891, "with_children_peak_rss_gb": 2.9,
                "data_peak_rss_gb": 2.305, "padding": [8, 10],
                "phases_s": {"read": 4.2, "sampled": 9.0, "vocabulary": 33.4, "tokenized": 205,
-                            "planned": 205.4, "first steps": 232.0}}
+                            "planned": 205.4, "first steps": 232.0},
+               "rss_gb": {"read": 0.594, "first steps": 2.64}, "file_gb": {"read": 0.35}}
         second = {**run, "steps": 2, "phases_s": {"read": 5, "vocabulary": 5.2,
                                                   "tokenized": 7, "planned": 8,
                                                   "first steps": 33}}
@@ -275,7 +276,11 @@ def test_wmt14_scale_runs_make_the_table_of_memory_and_time(tables):
     assert lines[3].startswith("| 2,048 | chunks of 1,024 | second (reads the cache) |")
     assert "| 5 s | — | 5 s |" in lines[3]
     assert lines[5].startswith("| 4,096 | whole logits | second (reads the cache) |")
-    assert lines[-1] == (
+    assert lines[-4] == ("- 2,048 tokens, chunks of 1,024, first run: corpus read 0.59 GB "
+                         "(0.35), first steps 2.64 GB")
+    assert lines[-2].startswith("- 4,096 tokens, whole logits, first run: ")
+    assert lines[-1].startswith("- 4,096 tokens, whole logits, second run: ")
+    assert lines[-8] == (
         "Runs: 2,048 tokens, chunks of 1,024: commit `abcdef1`, 4,500,000 pairs, tensorflow, a "
         "token cache of 516 MiB; 4,096 tokens, whole logits: commit `abcdef1`, 4,500,000 pairs, "
         "tensorflow, a token cache of 516 MiB. The Multi30k recipe pads 13% / 16% of its own "

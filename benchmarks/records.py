@@ -1,0 +1,178 @@
+"""The tables made from the records of finished training runs (`tables.py --record`: a
+table of trials, distributed.md's table of clusters, the quickstart's table) and from
+`wmt14_scale.py --output` runs; `benchmarks/tables.py` writes and checks them, by kind."""
+
+import json
+
+BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
+_SHARED_OPTIONS = {"--direction", "--data-dir", "--run-dir", "--verbose"}
+_SHARED_FLAGS = {"--no-export"}
+
+
+def _options(command):
+    """A run's own options: its command without the program, the backend and the options
+    that only say where its files are."""
+    import shlex
+
+    words = shlex.split(command)
+    words = words[words.index("-m") + 2:] if "-m" in words else words[2:]
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in _SHARED_OPTIONS:
+            skip = True
+        elif word not in _SHARED_FLAGS:
+            kept.append(word)
+    return f"`{' '.join(kept)}`" if kept else "(none)"
+
+
+def duration(seconds):
+    """"1 h 45 min 17 s", "3 min 21 s", "42 s": the units above the seconds when not 0."""
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return (f"{hours} h {minutes} min {seconds} s" if hours else
+            f"{minutes} min {seconds} s" if minutes else f"{seconds} s")
+
+
+def trials(kind, records):
+    """A row per recorded run (`--record`): its options, commit, the validation loss at
+    steps 1000, 2400 and 3600 and at its last step, the validation BLEU of the α it
+    picked, the test BLEU of its last checkpoint and of the averaged model, and its
+    training time."""
+    rows = []
+    for record in records:
+        made, losses = record["provenance"], record["validation_loss"]
+        at = " / ".join(f"{losses[str(step)]:.3f}" if str(step) in losses else "–"
+                        for step in (1000, 2400, 3600))
+        tuning = record.get("alpha_tuning", {})
+        alpha = tuning.get("alpha")
+        validation = (f"{tuning['bleu_lowercase'][str(alpha)]:.2f} ({alpha:g})" if tuning
+                      else "–")
+        rows.append((record["trial"], _options(made["command"]), f"commit `{made['commit']}`",
+                     record["steps"], at, f"{losses[str(record['steps'])]:.3f}", validation,
+                     f"{record['bleu_lowercase']:.2f} / "
+                     f"{record['averaged']['bleu_lowercase']:.2f}",
+                     duration(record["train_seconds"])))
+    import run_all
+
+    return run_all.table(("trial", "options", "code", "steps",
+                          "validation loss at 1000 / 2400 / 3600", "at the last step",
+                          "validation BLEU, lower-cased (α)",
+                          "test2016, lower-cased: last / averaged", "training time"), rows)
+
+
+def record(run_dir, output, trial, provenance=None, wall_seconds=None):
+    """Writes the record of a finished training run that a table is made from (a row
+    of a table of trials or of clusters, the quickstart's table): its results.json, its
+    training and validation loss at each window's end (training_log.csv), the run's name,
+    the whole command's `wall_seconds` where they were measured (`/usr/bin/time`), and, for
+    a run whose results.json predates it, its `provenance`."""
+    import csv
+
+    from keras_transformer_app import run_files
+
+    with open(run_files.path(run_dir, run_files.RESULTS), encoding="utf-8") as file:
+        results = json.load(file)
+    with open(run_files.path(run_dir, run_files.TRAINING_LOG), encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    # Every digit the log has: a trial's table shows 3 decimals, the table of clusters 6 (two
+    # runs agree to 1e-5).
+    losses, training = ({row["step"].split(".")[0]: float(row[name]) for row in rows
+                         if row.get(name)} for name in ("val_loss", "loss"))
+    results = {"trial": trial, **results, "validation_loss": losses, "training_loss": training}
+    if wall_seconds is not None:
+        results["wall_seconds"] = wall_seconds
+    if provenance:
+        results["provenance"] = {**provenance, **results.get("provenance", {})}
+    if "provenance" not in results:
+        raise ValueError(f"{run_dir}/results.json names no provenance: give the commit and "
+                         "the command it ran with")
+    with open(output, "w", encoding="utf-8") as file:
+        json.dump(results, file, indent=1, sort_keys=True)
+        file.write("\n")
+
+
+def clusters(kind, records):
+    """A row per recorded run of distributed.md's commands (a backend's one-process run and
+    its cluster's, each `--record`ed with the run's name): the training loss at each
+    window's end, the validation loss at the last, to 6 decimals, and the training time."""
+    import run_all
+
+    steps = sorted(records[0]["training_loss"], key=int)
+    for record in records:
+        if sorted(record["training_loss"], key=int) != steps:
+            raise ValueError(f"{record['trial']}: its windows end at other steps than "
+                             f"{records[0]['trial']}'s")
+    rows = [(BACKEND_NAMES[record["backend"]], record["trial"],
+             *(f"{record['training_loss'][step]:.6f}" for step in steps),
+             f"{record['validation_loss'][steps[-1]]:.6f}", duration(record["train_seconds"]))
+            for record in records]
+    return run_all.table(("backend", "run", *(f"step {step}" for step in steps),
+                          f"validation loss, step {steps[-1]}", "training"), rows)
+
+
+def wmt14_scale(kind, runs):
+    """`wmt14_scale.py --output FILE` runs, a file each (docs/wmt14.md): a row per recipe
+    run (the first, and the second that reads the cache), with the batch and the loss it
+    ran with, its peak memory, the seconds from the command to each phase's line, and the
+    padding; then each file's commit, corpus and cache, the Multi30k recipe's padding, and
+    each run's resident memory as each phase's line came."""
+    import run_all
+    import wmt14_scale
+
+    labels = [label for label, _ in wmt14_scale.PHASES]
+    names = {"read": "corpus read", "sampled": "sample drawn", "planned": "batches planned"}
+    rows, notes, memory = [], [], []
+    for result in runs:
+        loss = (f"chunks of {result['loss_chunk_size']:,}" if result["loss_chunk_size"]
+                else "whole logits")
+        for run in result["runs"]:
+            phases, padding = run["phases_s"], run["padding"]
+            memory.append(
+                f"- {result['tokens_per_batch']:,} tokens, {loss}, "
+                f"{'first' if run['steps'] == 1 else 'second'} run: "
+                + ", ".join(f"{names.get(label, label)} {gb:.2f} GB"
+                            + (f" ({run['file_gb'][label]:.2f})" if label in run["file_gb"]
+                               else "") for label, gb in run["rss_gb"].items()))
+            rows.append((f"{result['tokens_per_batch']:,}", loss,
+                         "first" if run["steps"] == 1 else "second (reads the cache)",
+                         f"{run['data_peak_rss_gb']:.2f} / {run['peak_rss_gb']:.2f} GB",
+                         f"{run['with_children_peak_rss_gb']:.2f} GB",
+                         *(duration(phases[label]) if label in phases else "—"
+                           for label in labels),
+                         f"{padding[0]}% / {padding[1]}%" if padding else "—"))
+        notes.append(f"{result['tokens_per_batch']:,} tokens, {loss}: commit "
+                     f"`{result['commit']}`, {result['pairs']:,} pairs, {result['backend']}, "
+                     f"a token cache of {result['cache_mb']:,.0f} MiB")
+    source, target = runs[0]["multi30k_padding"]
+    return "\n\n".join([
+        run_all.table(("tokens a side", "loss", "run", "peak RSS: data ready / whole run",
+                       "with child processes", *(names.get(label, label) for label in labels),
+                       "padding, source / target"), rows),
+        "Runs: " + "; ".join(notes) + f". The Multi30k recipe pads {source}% / {target}% of "
+        "its own training split.",
+        "Resident memory (VmRSS) as each line came, and in parentheses the part of it that is "
+        "mapped files' pages (RssFile):\n\n" + "\n".join(memory)])
+
+
+def quickstart(kind, record):
+    """The quickstart's run (`--record ... --wall-seconds`): its command, commit and
+    machine, the whole command's time, training, the two evaluations, and the scores of
+    the last checkpoint and of the averaged model."""
+    import run_all
+
+    made, averaged = record["provenance"], record["averaged"]
+    evaluations = " + ".join(f"{result['test_sentences'] / result['sentences_per_second']:.1f} s"
+                             for result in (record, averaged))
+    row = (duration(record["wall_seconds"]),
+           f"{record['train_seconds']:.0f} s "
+           f"({record['train_seconds'] / record['steps']:.3f} s a step)",
+           evaluations,
+           f"{record['exact_match']:.1%} / {record['bleu']:.2f}",
+           f"{averaged['exact_match']:.1%} / {averaged['bleu']:.2f}")
+    return (f"`{made['command']}` at commit `{made['commit']}`, on {made['cores']} cores of "
+            f"{made['cpu']} ({made['isa']}):\n\n" + run_all.table(
+                ("start to exported model", f"training ({record['steps']} steps)",
+                 f"evaluation (2 × {record['test_sentences']} sentences)",
+                 "exact match / BLEU", "averaged model: exact match / BLEU"), [row]))

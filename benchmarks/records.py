@@ -5,6 +5,7 @@ table of trials, distributed.md's table of clusters, the quickstart's table) and
 import json
 
 BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
+# The options that every trial of a recipe shares, left out of its "options" cell.
 _SHARED_OPTIONS = {"--direction", "--data-dir", "--run-dir", "--verbose"}
 _SHARED_FLAGS = {"--no-export"}
 

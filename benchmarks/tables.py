@@ -67,7 +67,6 @@ def _serving(kind, results):
     return serving_report.markdown(results, results["command"])
 
 
-# The options that every trial of a recipe shares, left out of its "options" cell.
 # CI's stages (.ci/run), in its order, and the name each is given in the table.
 _CI_STAGES = {"install": "install", "ruff": "ruff", "lint-imports": "lint-imports",
               "suite (tensorflow)": "the suite, TensorFlow pass",

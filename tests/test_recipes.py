@@ -339,12 +339,12 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
         config = recipe.model_config(chosen, ["--direction", direction])
         assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
             "pre", 0.3, 0.2)
-    by_hand = multi30k.parse_args(["--direction=en-de", "--dropout-rate", "0.2",
-                                   "--norm-position", "post", "--label-smoothing", "0.1"])
+    argv = ["--direction=en-de", "--dropout-rate", "0.2", "--norm-position", "post",
+            "--label-smoothing", "0.1"]
+    by_hand = multi30k.parse_args(argv)
     assert (by_hand.norm_position, by_hand.dropout_rate, by_hand.label_smoothing) == (
         "post", 0.2, 0.1)
-    config = recipe.model_config(by_hand, ["--direction=en-de", "--dropout-rate", "0.2",
-                                           "--norm-position", "post", "--label-smoothing", "0.1"])
+    config = recipe.model_config(by_hand, argv)
     assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
         "post", 0.2, 0.1)
 

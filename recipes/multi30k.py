@@ -11,12 +11,12 @@ beam search (beam 4) on test2016.
 The defaults are the "Multi30k in an hour" recipe: a narrow, deep model
 (d_model 128, N 4, h 4, d_ff 512) with LayerNorm before each sublayer (`--norm-position
 pre`), dropout 0.3 and label smoothing 0.2, which scored higher on the validation split of
-both directions than the paper's post-norm with 0.2 and 0.1; two vocabularies of 8000 pieces
-(`--no-separate-vocabularies`: one shared), 8000 steps of 2048 tokens per side in
-batching buckets 4 tokens wide, the rate of eq. (3) cooled down linearly to 0 over the
-last 40% of the steps (a short run ends at a low rate), the last 5 checkpoints
-averaged, and the length penalty α picked on the validation split from 0.8, 1.0, 1.2,
-1.4 (`--alpha A` alone uses A instead). TensorFlow trains it fastest on a CPU.
+both directions than the earlier post-norm with dropout 0.2 and label smoothing 0.1; two
+vocabularies of 8000 pieces (`--no-separate-vocabularies`: one shared), 8000 steps of 2048
+tokens per side in batching buckets 4 tokens wide, the rate of eq. (3) cooled down linearly
+to 0 over the last 40% of the steps (a short run ends at a low rate), the last 5 checkpoints
+averaged, and the length penalty α picked on the validation split from 0.8, 1.0, 1.2, 1.4
+(`--alpha A` alone uses A instead). TensorFlow trains it fastest on a CPU.
 
     KERAS_BACKEND=tensorflow python -m recipes.multi30k --direction de-en [--data-dir FOLDER]
 """

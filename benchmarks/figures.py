@@ -33,6 +33,8 @@ NOT_MEASURED = "<!-- not measured -->"
 LABEL = "the code has changed since"
 COMMAND = re.compile(r"benchmarks/(\w+)\.py|recipes\.(\w+)|keras-transformer (\w+)")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+# The scripts that write tables from results files: named in a section, they measured nothing.
+WRITERS = {"tables", "records"}
 # The program's folders: what a section with no command measured.
 PROGRAM = ("keras_transformer", "keras_transformer_app", "recipes", "benchmarks")
 
@@ -86,9 +88,13 @@ def entry_files(section, root=ROOT):
     names none."""
     files = set()
     # Comments are not the section's commands: a generated block's marker names the
-    # script that writes the table (benchmarks/tables.py), which measured nothing.
+    # script that writes the table (benchmarks/tables.py), which measured nothing; nor is
+    # that script where the text names it (`tables.py --record`), and its tables are
+    # checked against their results files instead (`python benchmarks/tables.py`).
     section = HTML_COMMENT.sub("", section)
     for script, recipe, command in COMMAND.findall(section):
+        if script in WRITERS:
+            continue
         path = (f"benchmarks/{script}.py" if script else f"recipes/{recipe}.py" if recipe
                 else "keras_transformer_app/__main__.py")
         if os.path.exists(os.path.join(root, path)):

@@ -106,6 +106,17 @@ def test_a_table_is_stale_when_the_code_its_command_imports_changes(tmp_path):
     assert table.labelled
 
 
+def test_the_script_that_writes_tables_is_not_what_a_section_measured():
+    """`benchmarks/tables.py` (in the text, or in a generated block's marker) writes a table
+    from its results file and measures nothing: the section's other commands are what it
+    measured, and with none, the whole program."""
+    section = ("<!-- generated from x.json (trials) by benchmarks/tables.py -->\n"
+               "Recorded by `python benchmarks/tables.py --record RUN OUT` after "
+               "`python -m recipes.multi30k`.\n")
+    assert figures.entry_files(section) == {"recipes/multi30k.py"}
+    assert figures.entry_files("Written by `python benchmarks/tables.py --write`.") is None
+
+
 def test_every_stale_table_of_figures_says_so():
     """`python benchmarks/run_all.py --check`: no table measured on code that has changed
     since its commit without "the code has changed since" (--write adds it)."""

@@ -177,3 +177,102 @@ def quickstart(kind, record):
                 ("start to exported model", f"training ({record['steps']} steps)",
                  f"evaluation (2 × {record['test_sentences']} sentences)",
                  "exact match / BLEU", "averaged model: exact match / BLEU"), [row]))
+
+
+def _machine(made):
+    """"an Intel Xeon (AVX-512)": the CPU a results file names, and its widest instruction
+    set."""
+    import re
+
+    cpu = re.sub(r"\((?:R|TM)\)|\s+(?:Processor|CPU\b.*|\d+-Core.*)$", "", made["cpu"]).strip()
+    return f"{'an' if cpu[:1] in 'AEIOU' else 'a'} {cpu} ({made['isa']})"
+
+
+def _load(path):
+    """A results file (JSON, or JSON lines as a list) or a folder of them, in name order."""
+    import os
+
+    if os.path.isdir(path):
+        return [_load(os.path.join(path, name)) for name in sorted(os.listdir(path))]
+    with open(path, encoding="utf-8") as file:
+        if path.endswith(".jsonl"):
+            return [json.loads(line) for line in file if line.strip()]
+        return json.load(file)
+
+
+def _bleu(record, row):
+    """A Multi30k record (`--record`): test2016 BLEU of the last checkpoint and of the
+    averaged model."""
+    made = record["provenance"]
+    return (f"lower-cased BLEU **{record['bleu_lowercase']:.2f}**, averaged "
+            f"**{record['averaged']['bleu_lowercase']:.2f}** ({BACKEND_NAMES[record['backend']]}, "
+            f"{record['steps']:,} steps, commit `{made['commit']}`, {_machine(made)})")
+
+
+def _quickstart(record, row):
+    made = record["provenance"]
+    return (f"{record['exact_match']:.1%} exact match, BLEU {record['bleu']:.2f}, "
+            f"{duration(record['wall_seconds'])} from start to exported model "
+            f"({BACKEND_NAMES[record['backend']]}, commit `{made['commit']}`, {_machine(made)})")
+
+
+def _gpu(lines, row):
+    """gpu_all.sh's JSON lines: the named run's tokens a second and its ratio to the
+    `torch.compile`d peer; the lines name no commit, so the row gives the one it ran."""
+    [result] = [line["result"] for line in lines if line["run"] == row["run"]]
+    return (f"{result['config']} model {result['tokens_per_s']:,.0f} target tokens/s, "
+            f"{result['peers']['compile']['ours_over_peer']:.2f}× the peer "
+            f"(commit `{row['commit']}`, torch {result['peers']['compile']['torch']})")
+
+
+def _decoding_peers(runs, row):
+    """A folder of `decoding.py --ctranslate2` runs: the range, over every length and the
+    cached search and SavedModel of the row's `backends`, of ours / CTranslate2 fp32 in beam
+    search."""
+    runs = [run for run in runs if run["backend"] in row["backends"]]
+    ratios = [value for run in runs
+              for name, by_length in run["summary"]["ours_over_ctranslate2"].items()
+              if name in ("beam_fp32", "beam_saved_model_fp32") for value in by_length.values()]
+    [commit] = {run["commit"] for run in runs}
+    return (f"{min(ratios):.2f}–{max(ratios):.2f}× CTranslate2 fp32's time per token "
+            f"(beam {runs[0]['beam_size']}, commit `{commit}`, {_machine(runs[0]['machine'])})")
+
+
+def _serving(results, row):
+    """serving.py's results: sentences a second at the row's clients, batching on."""
+    [load] = [load for load in results["load"]
+              if load["clients"] == row["clients"] and load["batching"] == "on"]
+    return (f"{load['sentences_per_s']:,.0f} sentences/s from the SavedModel, batching on "
+            f"(commit `{results['commit']}`, {_machine(results['machine'])})")
+
+
+def _wmt14_scale(result, row):
+    """A `wmt14_scale.py --output` file: its first run's peak and time to the first step."""
+    run = result["runs"][0]
+    return (f"{run['peak_rss_gb']:.2f} GB peak for the whole run, first step after "
+            f"{duration(run['phases_s']['first steps'])} ({result['tokens_per_batch']:,} "
+            f"tokens a side, commit `{result['commit']}`, {_machine(result['machine'])})")
+
+
+_HEADLINES = {"bleu": _bleu, "quickstart": _quickstart, "gpu": _gpu,
+              "decoding_peers": _decoding_peers, "serving": _serving,
+              "wmt14_scale": _wmt14_scale}
+
+
+def headlines(kind, spec, root=None):
+    """README's table of results: a row per entry of `spec` (docs/results/headlines.json),
+    its figure made from the results file it names (`from`, a path from `root`, the
+    repository's by default) by the entry's `figure`."""
+    import os
+
+    import run_all
+
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = []
+    for row in spec["rows"]:
+        if row["figure"] not in _HEADLINES:
+            raise ValueError(f"{row['what']}: no figure is made by {row['figure']!r}; known: "
+                             f"{', '.join(_HEADLINES)}")
+        rows.append((row["what"], _HEADLINES[row["figure"]](_load(os.path.join(root, row["from"])),
+                                                            row), row["where"]))
+    return run_all.table(("what", "result", "where"), rows)

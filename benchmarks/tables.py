@@ -176,6 +176,7 @@ KINDS = {
     "quickstart": records.quickstart,  # the quickstart's record (--record ... --wall-seconds)
     "clusters": records.clusters,  # a folder of records: distributed.md's runs, a row each
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
+    "headlines": records.headlines,  # README's results, a row each from its results file
 }
 
 

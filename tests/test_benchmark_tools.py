@@ -393,3 +393,63 @@ def test_a_results_file_records_its_commit_command_and_machine(common, tmp_path,
     written = json.loads(output.read_text())
     assert written == json.loads(capsys.readouterr().out.splitlines()[-1])
     assert {"machine", "commit", "command", "benchmark"} <= set(written)
+
+
+def test_readmes_results_are_made_from_the_files_their_rows_name(tables, tmp_path):
+    """Each row of README's results quotes the results file it names: a Multi30k record,
+    the quickstart's, gpu_all.sh's JSON lines (their run by name), a folder of runs against
+    CTranslate2 (the row's backends only), serving.py's load at the row's clients and a
+    wmt14_scale.py file; a figure of no known kind is an error that names the known."""
+    machine = {"cpu": "Intel(R) Xeon(R) Processor", "isa": "AVX-512"}
+    made = {**machine, "command": "c", "commit": "abc1234", "cores": 2}
+    files = {
+        "trial.json": {"backend": "tensorflow", "steps": 8000, "bleu_lowercase": 38.614,
+                       "averaged": {"bleu_lowercase": 38.756}, "provenance": made},
+        "quickstart.json": {"backend": "jax", "exact_match": 0.9684, "bleu": 99.186,
+                            "wall_seconds": 200.6, "provenance": made},
+        "serving.json": {"commit": "abc1234", "machine": machine, "load": [
+            {"clients": 32, "batching": "off", "sentences_per_s": 400.0},
+            {"clients": 32, "batching": "on", "sentences_per_s": 1798.9}]},
+        "wmt14.json": {"commit": "abc1234", "machine": {"cpu": "AMD EPYC 7B13", "isa": "AVX2"},
+                       "tokens_per_batch": 2048, "runs": [
+                           {"peak_rss_gb": 2.7013, "phases_s": {"first steps": 185.1}},
+                           {"peak_rss_gb": 2.4, "phases_s": {"first steps": 28.5}}]},
+        "peers/1-jax.json": {"backend": "jax", "beam_size": 4, "commit": "abc1234",
+                             "machine": machine, "summary": {"ours_over_ctranslate2": {
+                                 "beam_fp32": {"32": 1.5, "64": 1.9},
+                                 "greedy_fp32": {"32": 1.1, "64": 3.0}}}},
+        "peers/2-torch.json": {"backend": "torch", "beam_size": 4, "commit": "abc1234",
+                               "machine": machine, "summary": {"ours_over_ctranslate2": {
+                                   "beam_fp32": {"32": 2.5, "64": 2.4}}}}}
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(json.dumps(content))
+    result = {"config": "base", "tokens_per_s": 629277.6,
+              "peers": {"compile": {"ours_over_peer": 1.1908, "torch": "2.13.0"}}}
+    (tmp_path / "gpu.jsonl").write_text("\n".join(json.dumps(line) for line in (
+        {"run": "other", "result": {**result, "tokens_per_s": 1.0}},
+        {"run": "jax-base-bf16", "result": result})) + "\n")
+    rows = [{"figure": "bleu", "from": "trial.json"},
+            {"figure": "quickstart", "from": "quickstart.json"},
+            {"figure": "gpu", "from": "gpu.jsonl", "run": "jax-base-bf16", "commit": "def5678"},
+            {"figure": "decoding_peers", "from": "peers", "backends": ["jax"]},
+            {"figure": "serving", "from": "serving.json", "clients": 32},
+            {"figure": "wmt14_scale", "from": "wmt14.json"}]
+    spec = {"rows": [{**row, "what": f"row {n}", "where": "[page](page.md)"}
+                     for n, row in enumerate(rows)]}
+    xeon = "an Intel Xeon (AVX-512)"
+    cells = [line.split(" | ")[1] for line in
+             tables.records.headlines("headlines", spec, root=str(tmp_path)).splitlines()[2:]]
+    assert cells == [
+        f"lower-cased BLEU **38.61**, averaged **38.76** (TensorFlow, 8,000 steps, commit "
+        f"`abc1234`, {xeon})",
+        f"96.8% exact match, BLEU 99.19, 3 min 21 s from start to exported model (JAX, commit "
+        f"`abc1234`, {xeon})",
+        "base model 629,278 target tokens/s, 1.19× the peer (commit `def5678`, torch 2.13.0)",
+        f"1.50–1.90× CTranslate2 fp32's time per token (beam 4, commit `abc1234`, {xeon})",
+        f"1,799 sentences/s from the SavedModel, batching on (commit `abc1234`, {xeon})",
+        "2.70 GB peak for the whole run, first step after 3 min 5 s (2,048 tokens a side, "
+        "commit `abc1234`, an AMD EPYC 7B13 (AVX2))"]
+    with pytest.raises(ValueError, match="no figure is made by 'bleus'; known: bleu, quickstart"):
+        tables.records.headlines("headlines", {"rows": [{**spec["rows"][0], "figure": "bleus"}]},
+                                 root=str(tmp_path))

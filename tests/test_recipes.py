@@ -347,6 +347,16 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     config = recipe.model_config(by_hand, argv)
     assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
         "post", 0.2, 0.1)
+    # English→German trains twice the steps and averages the last 10 (its trial), each
+    # replaced by hand; German→English keeps 8000 and 5.
+    assert (args.direction, args.steps, args.keep_checkpoints) == ("de-en", 8000, 5)
+    en_de = multi30k.parse_args(["--direction", "en-de"])
+    assert (en_de.steps, en_de.keep_checkpoints) == (16000, 10)
+    assert cooldown_steps(en_de.cooldown_steps, en_de.steps) == 6400
+    by_hand = multi30k.parse_args(["--direction", "en-de", "--steps", "8000",
+                                   "--keep-checkpoints", "5"])
+    assert (by_hand.steps, by_hand.keep_checkpoints) == (8000, 5)
+    assert multi30k.parse_args(["--direction", "en-de", "--epochs", "3"]).steps is None
 
 
 @pytest.mark.parametrize("module, argv", [(multi30k, []), (quickstart, []), (anki, [])])

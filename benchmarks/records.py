@@ -188,12 +188,13 @@ def _machine(made):
     return f"{'an' if cpu[:1] in 'AEIOU' else 'a'} {cpu} ({made['isa']})"
 
 
-def _load(path):
-    """A results file (JSON, or JSON lines as a list) or a folder of them, in name order."""
+def load(path):
+    """A results file (JSON, or JSON lines as a list) or a folder of them, in name order:
+    what a table is made from (`tables.render`, and each row of README's results)."""
     import os
 
     if os.path.isdir(path):
-        return [_load(os.path.join(path, name)) for name in sorted(os.listdir(path))]
+        return [load(os.path.join(path, name)) for name in sorted(os.listdir(path))]
     with open(path, encoding="utf-8") as file:
         if path.endswith(".jsonl"):
             return [json.loads(line) for line in file if line.strip()]
@@ -273,6 +274,6 @@ def headlines(kind, spec, root=None):
         if row["figure"] not in _HEADLINES:
             raise ValueError(f"{row['what']}: no figure is made by {row['figure']!r}; known: "
                              f"{', '.join(_HEADLINES)}")
-        rows.append((row["what"], _HEADLINES[row["figure"]](_load(os.path.join(root, row["from"])),
+        rows.append((row["what"], _HEADLINES[row["figure"]](load(os.path.join(root, row["from"])),
                                                             row), row["where"]))
     return run_all.table(("what", "result", "where"), rows)

@@ -26,7 +26,6 @@ order of their names, and so is distributed.md's table of one process against a 
 folder of `wmt14_scale.py --output` files. Those kinds are in benchmarks/records.py.
 """
 
-import json
 import os
 import re
 import sys
@@ -184,16 +183,7 @@ def render(source, kind, repository=REPOSITORY):
     """The block's text as the results file `source` gives it."""
     if kind not in KINDS:
         raise ValueError(f"{source}: no table is made by {kind!r}; known: {', '.join(KINDS)}")
-    path = os.path.join(repository, source)
-    if os.path.isdir(path):
-        results = []
-        for name in sorted(os.listdir(path)):
-            with open(os.path.join(path, name), encoding="utf-8") as file:
-                results.append(json.load(file))
-    else:
-        with open(path, encoding="utf-8") as file:
-            results = json.load(file)
-    return KINDS[kind](kind, results).strip("\n")
+    return KINDS[kind](kind, records.load(os.path.join(repository, source))).strip("\n")
 
 
 def _spans(text):

@@ -39,7 +39,7 @@ DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=True,
                 tune_alpha=(0.8, 1.0, 1.2, 1.4))
 # English→German's own length, picked on its validation split (docs/results.md's trials): twice
 # the steps, and the last 10 checkpoints averaged (§6.1). Each applies unless given by hand
-# (--epochs replaces --steps).
+# (and --epochs replaces --steps, as it replaces the default's).
 EN_DE_DEFAULTS = dict(steps=16000, keep_checkpoints=10)
 
 
@@ -66,7 +66,8 @@ def load_splits(args):
 def build_parser():
     parser = recipe.build_parser(
         "multi30k", "Train a Transformer on Multi30k German<->English (English->German: "
-        "16000 steps and the last 10 checkpoints averaged by default).", DEFAULTS,
+        f"{EN_DE_DEFAULTS['steps']} steps and the last {EN_DE_DEFAULTS['keep_checkpoints']} "
+        "checkpoints averaged by default).", DEFAULTS,
         run_dir="runs/multi30k-DIRECTION")
     add_data_options(parser)
     return parser
@@ -77,14 +78,14 @@ def parse_args(argv=None, parser=None):
     `--steps`, and `--alpha` alone turns the default tuning off."""
     args = (parser or build_parser()).parse_args(argv)
     given = recipe.given(argv)
+    if args.direction == "en-de":
+        for name, value in EN_DE_DEFAULTS.items():
+            if name not in given:
+                setattr(args, name, value)
     if "epochs" in given:  # the length the user chose, not the default --steps
         args.steps = None
     if "alpha" in given and "tune_alpha" not in given:
         args.tune_alpha = None  # an α given by hand is used as it is
-    if args.direction == "en-de":
-        for name, value in EN_DE_DEFAULTS.items():
-            if name not in given and not (name == "steps" and "epochs" in given):
-                setattr(args, name, value)
     return args
 
 

@@ -33,7 +33,8 @@ NOT_MEASURED = "<!-- not measured -->"
 LABEL = "the code has changed since"
 COMMAND = re.compile(r"benchmarks/(\w+)\.py|recipes\.(\w+)|keras-transformer (\w+)")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-# The scripts that write tables from results files: named in a section, they measured nothing.
+# The scripts that write tables from results files: named in a section, or imported by a
+# benchmark that prints its table as a page has it, they measured nothing.
 WRITERS = {"tables", "records"}
 # The program's folders: what a section with no command measured.
 PROGRAM = ("keras_transformer", "keras_transformer_app", "recipes", "benchmarks")
@@ -108,13 +109,15 @@ def program_files(root=ROOT):
 
 
 def imported_files(files, root=ROOT, known=None):
-    """`files` with every file of the repository they import, transitively; `known`
-    ({path: the files it imports}) keeps each file's imports across calls."""
+    """`files` with every file of the repository they import, transitively, except the
+    scripts that write tables (WRITERS); `known` ({path: the files it imports}) keeps each
+    file's imports across calls."""
     known = {} if known is None else known
     seen, todo = set(), list(files)
     while todo:
         path = todo.pop()
-        if path in seen or not os.path.exists(os.path.join(root, path)):
+        if (path in seen or path in {f"benchmarks/{name}.py" for name in WRITERS}
+                or not os.path.exists(os.path.join(root, path))):
             continue
         seen.add(path)
         if path not in known:

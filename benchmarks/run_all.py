@@ -49,10 +49,11 @@ and what it means. How each figure is made: [README.md](README.md). The experime
 decisions, each with what it showed: [experiments/README.md](experiments/README.md). Earlier runs
 are in the history of this file in git.
 
-The sections down to "Analysis of the targets" are written by `python benchmarks/run_all.py`
-(the analysis by hand, after its run); a rerun replaces them and keeps the sections after them,
-which are written by hand from the printed tables of the other scripts, one section each with
-its command. What the tables show is read in [docs/performance.md](../docs/performance.md)."""
+The sections down to "Analysis of the targets" are written by `python benchmarks/run_all.py`,
+the analysis by hand after its run. A rerun writes its sections again, drops the analysis, which
+was about the run before, and keeps the sections after them: each written from another script's
+run, with its command, by hand or as a table generated from that script's results file. What
+the tables show is read in [docs/performance.md](../docs/performance.md)."""
 DEFAULT_OUTPUT = os.path.join(HERE, "RESULTS.md")
 BACKENDS = ("tensorflow", "jax", "torch")
 PACKAGES = ("keras", "keras-hub", "tensorflow", "jax", "jaxlib", "torch", "numpy")

@@ -183,7 +183,10 @@ def render(source, kind, repository=REPOSITORY):
     """The block's text as the results file `source` gives it."""
     if kind not in KINDS:
         raise ValueError(f"{source}: no table is made by {kind!r}; known: {', '.join(KINDS)}")
-    return KINDS[kind](kind, records.load(os.path.join(repository, source))).strip("\n")
+    results = records.load(os.path.join(repository, source))
+    if kind == "headlines":  # its rows name further files, read from the same repository
+        return records.headlines(kind, results, root=repository).strip("\n")
+    return KINDS[kind](kind, results).strip("\n")
 
 
 def _spans(text):

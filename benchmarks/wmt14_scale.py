@@ -52,6 +52,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
+import records
 from serving import git_commit
 
 DATA_DIR = common.multi30k_dir()
@@ -273,45 +274,11 @@ def main(argv=None):
     cache = os.path.join(run_dir, "token_cache")
     results["cache_mb"] = sum(os.path.getsize(os.path.join(cache, name))
                               for name in os.listdir(cache)) / 2**20
-    print()
-    print(markdown(results, "python " + " ".join(
-        shlex.quote(a) for a in ["benchmarks/wmt14_scale.py",
-                                 *(sys.argv[1:] if argv is None else argv)])))
+    command = "python " + " ".join(shlex.quote(a) for a in [
+        "benchmarks/wmt14_scale.py", *(sys.argv[1:] if argv is None else argv)])
+    # The table wmt14.md makes of such files (records.py), of this run alone.
+    print(f"\n`{command}`\n\n{records.wmt14_scale('wmt14_scale', [results])}")
     common.write_results(results, args.output)
-
-
-def markdown(results, command):
-    """The table of the two runs."""
-    labels = [label for label, _ in PHASES]
-    lines = [f"commit `{results['commit']}`, `{command}` ({results['pairs']:,} pairs, "
-             f"{results['backend']}, {results['tokens_per_batch']:,} tokens per batch side, "
-             f"loss chunks of {results['loss_chunk_size'] or 'the whole batch'}; "
-             f"token cache {results['cache_mb']:,.0f} MiB)", "",
-             "| run | peak RSS, data ready / whole run | with child processes | "
-             + " | ".join(labels) + " | padding (source / target) |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in labels) + " | --- |"]
-    for run in results["runs"]:
-        phases = run["phases_s"]
-        padding = run["padding"]
-        lines.append(
-            f"| {'first' if run['steps'] == 1 else 'second (cache)'} | "
-            f"{run['data_peak_rss_gb']:.2f} / {run['peak_rss_gb']:.2f} GB | "
-            f"{run['with_children_peak_rss_gb']:.2f} GB | "
-            + " | ".join(f"{phases[label]:,.0f} s" if label in phases else "—"
-                         for label in labels)
-            + (f" | {padding[0]}% / {padding[1]}% |" if padding else " | — |"))
-    for run in results["runs"]:
-        name = "first" if run["steps"] == 1 else "second"
-        lines.append(f"\nResident memory (VmRSS) of the {name} run as each line came, and "
-                     "of it the pages of mapped files (RssFile): "
-                     + ", ".join(f"{label} {gb:.2f} GB" + (
-                                     f" ({run['file_gb'][label]:.2f})"
-                                     if label in run["file_gb"] else "")
-                                 for label, gb in run["rss_gb"].items()) + ".")
-    source, target = results["multi30k_padding"]
-    lines.append(f"\nMulti30k recipe's padding on its training split: {source}% / {target}%. "
-                 "Each phase is the time from the command to the line that ends it.")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,10 @@ def test_the_script_that_writes_tables_is_not_what_a_section_measured():
                "`python -m recipes.multi30k`.\n")
     assert figures.entry_files(section) == {"recipes/multi30k.py"}
     assert figures.entry_files("Written by `python benchmarks/tables.py --write`.") is None
+    # Nor when a benchmark imports it to print its table as the page has it.
+    scale = figures.imported_files({"benchmarks/wmt14_scale.py"}, REPOSITORY)
+    assert "benchmarks/common.py" in scale
+    assert not scale & {"benchmarks/records.py", "benchmarks/tables.py"}
 
 
 def test_every_stale_table_of_figures_says_so():

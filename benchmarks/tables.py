@@ -76,35 +76,42 @@ _README_COMMAND = ("install", "ruff", "lint-imports", "suite (tensorflow)", "sui
                    "suite (torch)")
 
 
-def _ci(kind, record):
-    """CI's record (.ci/times.py): the seconds of each stage, of the README's test command
-    and of all of CI, then where each pytest run's tests' time went (tests/cpu_time.py)."""
+def _ci(kind, runs):
+    """CI's records (.ci/times.py), a file each (a folder, in the order of their names), a
+    column each: the seconds of each stage, of the README's test command and of all of CI;
+    then where each pytest run's tests' time went (tests/cpu_time.py), a row per run and
+    record."""
     import run_all
 
-    stages = {entry["stage"]: entry for entry in record["stages"]}
-    missing = [name for name in (*_CI_STAGES, "all") if name not in stages]
-    if missing:
-        raise ValueError(f"CI's record lacks the stages {', '.join(missing)}")
-
-    def seconds(value):
-        return f"{value:,}"
-
-    rows = [(label, seconds(stages[name]["seconds"])) for name, label in _CI_STAGES.items()]
-    readme = sum(stages[name]["seconds"] for name in _README_COMMAND)
-    rows.insert(len(_README_COMMAND), ("**the README's test command** (the six above)",
-                                       f"**{seconds(readme)}** ({readme / 60:.1f} min)"))
-    total = stages["all"]["seconds"]
-    rows.append(("**all of `.ci/run`**", f"**{seconds(total)}** ({total / 60:.1f} min)"))
-    split = [(_CI_STAGES[name], *(seconds(value) for value in (
-        tests["seconds"], tests["own_cpu"], tests["started_cpu"],
-        tests["seconds"] - tests["own_cpu"] - tests["started_cpu"])))
-        for name, entry in stages.items() if (tests := entry.get("tests"))]
+    labels = list(_CI_STAGES.values())
+    readme_row, all_row = "**the README's test command** (the six above)", "**all of `.ci/run`**"
+    order = [*labels[:len(_README_COMMAND)], readme_row, *labels[len(_README_COMMAND):], all_row]
+    columns, cells, split = [], {label: [] for label in order}, []
+    for run in runs:
+        stages = {entry["stage"]: entry for entry in run["stages"]}
+        missing = [name for name in (*_CI_STAGES, "all") if name not in stages]
+        if missing:
+            raise ValueError(f"CI's record at {run['commit']} lacks the stages "
+                             f"{', '.join(missing)}")
+        machine = records._machine(run).split(" ", 1)[1]  # without its article
+        columns.append(f"{machine}, commit `{run['commit']}`")
+        for name, label in _CI_STAGES.items():
+            cells[label].append(f"{stages[name]['seconds']:,}")
+        for label, total in ((readme_row, sum(stages[name]["seconds"] for name in _README_COMMAND)),
+                             (all_row, stages["all"]["seconds"])):
+            cells[label].append(f"**{total:,}** ({total / 60:.1f} min)")
+        split += [(_CI_STAGES[name], machine, *(f"{value:,}" for value in (
+            tests["seconds"], tests["own_cpu"], tests["started_cpu"],
+            tests["seconds"] - tests["own_cpu"] - tests["started_cpu"])))
+            for name, entry in stages.items() if (tests := entry.get("tests"))]
+    split.sort(key=lambda row: labels.index(row[0]))  # each pytest run's rows together
     return "\n".join([
-        f"`{record['command']}` at commit `{record['commit']}`, on {record['cores']} cores of "
-        f"{record['cpu']} ({record['isa']}), in seconds:", "",
-        run_all.table(("stage", "seconds"), rows), "",
-        "Where each pytest run's tests' time went (tests/cpu_time.py), in seconds:", "",
-        run_all.table(("pytest run", "the tests' time", "their own CPU",
+        *(f"- `{run['command']}` at commit `{run['commit']}`, on {run['cores']} cores of "
+          f"{run['cpu']} ({run['isa']})" for run in runs), "",
+        "Each run's stages, in seconds:", "",
+        run_all.table(("stage", *columns), [(label, *cells[label]) for label in order]),
+        "", "Where each pytest run's tests' time went (tests/cpu_time.py), in seconds:", "",
+        run_all.table(("pytest run", "machine", "the tests' time", "their own CPU",
                        "the processes they started", "the rest (waiting)"), split)])
 
 
@@ -170,7 +177,7 @@ KINDS = {
     "run_all.training": _run_all, "run_all.decoding": _run_all,
     "serving": _serving,
     "trials": records.trials,  # a folder of records, a row each, in the order of their names
-    "ci": _ci,  # CI's record of its stages' time (.ci/times.py)
+    "ci": _ci,  # a folder of CI's records of its stages' time (.ci/times.py), a column each
     "decoding_peers": _decoding_peers,  # a folder of decoding.py --ctranslate2 runs
     "quickstart": records.quickstart,  # the quickstart's record (--record ... --wall-seconds)
     "clusters": records.clusters,  # a folder of records: distributed.md's runs, a row each

@@ -310,14 +310,23 @@ def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, 
     record = json.loads((tmp_path / "times.json").read_text())
     assert record["command"] == "CI=true bash .ci/run" and record["commit"]
     with pytest.raises(ValueError, match="lacks the stages all"):
-        tables.KINDS["ci"]("ci", record)
+        tables.KINDS["ci"]("ci", [record])
     record["stages"].append({"stage": "all", "seconds": 1206})
-    text = tables.KINDS["ci"]("ci", record)
-    assert text.startswith(f"`CI=true bash .ci/run` at commit `{record['commit']}`, on ")
-    assert "| the suite, JAX pass | 249 |" in text
-    assert "| **the README's test command** (the six above) | **796** (13.3 min) |" in text
-    assert "| **all of `.ci/run`** | **1,206** (20.1 min) |" in text
-    assert text.endswith("| the suite, JAX pass | 521 | 265 | 171 | 85 |")
+    # A folder of records, from two CPUs: a column each.
+    other = {**record, "commit": "abc1234", "cpu": "AMD EPYC", "isa": "AVX2", "stages": [
+        {**stage, "seconds": 2 * stage["seconds"]} for stage in record["stages"]]}
+    text = tables.KINDS["ci"]("ci", [record, other])
+    assert text.startswith(f"- `CI=true bash .ci/run` at commit `{record['commit']}`, on ")
+    assert (f"\n- `CI=true bash .ci/run` at commit `abc1234`, on {other['cores']} cores of "
+            "AMD EPYC (AVX2)\n") in text
+    machine = tables.records._machine(record).split(" ", 1)[1]  # "Intel Xeon (AVX-512)"
+    assert (f"| stage | {machine}, commit `{record['commit']}` | AMD EPYC (AVX2), commit "
+            "`abc1234` |") in text
+    assert "| the suite, JAX pass | 249 | 498 |" in text
+    assert ("| **the README's test command** (the six above) | **796** (13.3 min) | "
+            "**1,592** (26.5 min) |") in text
+    assert "| **all of `.ci/run`** | **1,206** (20.1 min) | **2,412** (40.2 min) |" in text
+    assert text.endswith("| the suite, JAX pass | AMD EPYC (AVX2) | 521 | 265 | 171 | 85 |")
 
 
 def test_decoding_runs_against_ctranslate2_make_the_peers_tables(tables):

@@ -185,14 +185,16 @@ SUBSTITUTIONS = {
 
 
 # What a page takes from a page of another chain, made first in the chain's clone:
-# (command, why), printed with the page's table.
+# (command, the path it makes, why), printed with the page's table. The page names each path
+# where it says what it needs from other pages (test_pages.py checks that it does).
 BEFORE = {
     "docs/translation.md": (
         ("python -c \"from keras_transformer.data.corpora import synthetic_translation as s\n"
          "open('test.src', 'w').write('\\\\n'.join(s(20, seed=3).sources) + '\\\\n')\"",
+         "test.src",
          "README.md's test.src (docs/results.md has trained the quickstart in this chain)"),
         ("keras-transformer export runs/quickstart ct2_models/quickstart --format ctranslate2",
-         "README.md's CTranslate2 export of the quickstart"),
+         "ct2_models/quickstart", "README.md's CTranslate2 export of the quickstart"),
     ),
 }
 
@@ -235,7 +237,7 @@ def script(page, text=None):
             raise ValueError(f"{page}: the substitution of {entry.old!r} matches no block it runs")
         parts = [(line, code.replace(entry.old, entry.new)) for line, code in parts]
     before = [f"echo {shlex.quote(f'## before {page}: {command}')} >&2\n{command}\n"
-              for command, _ in BEFORE.get(page, ())]
+              for command, _, _ in BEFORE.get(page, ())]
     return "\n".join(before + [f"echo \"## {page}:{line} (at $SECONDS s)\" >&2\n{code}"
                                for line, code in parts])
 
@@ -254,7 +256,7 @@ def table(page):
         rows.append("| (no substitution) | | |")
     if chain_of(page) != "benchmarks":
         rows.append(f"environment: `XLA_FLAGS={WALK_XLA_FLAGS}` ({WALK_XLA_FLAGS_WHY})")
-    for command, why in BEFORE.get(page, ()):
+    for command, _, why in BEFORE.get(page, ()):
         rows.append(f"before the page: `{command}` ({why})")
     for line, _, reason in blocks(read(page)):
         if reason is not None:

@@ -31,6 +31,18 @@ def test_every_page_with_shell_blocks_is_walked():
 
 
 @pytest.mark.once("torch")
+def test_a_page_declares_what_the_walk_makes_for_it_from_another_chain():
+    """What the walk makes before a page (page_walk.BEFORE) is what the page says, in the
+    paragraph on "what other pages make first", that it takes from other pages."""
+    for page, entries in page_walk.BEFORE.items():
+        paragraphs = [paragraph for paragraph in page_walk.read(page).split("\n\n")
+                      if "what other pages make first" in paragraph]
+        assert len(paragraphs) == 1, f"{page}: no paragraph on what other pages make first"
+        missing = [makes for _, makes, _ in entries if f"`{makes}`" not in paragraphs[0]]
+        assert not missing, f"{page} does not say it takes {missing} from other pages"
+
+
+@pytest.mark.once("torch")
 @pytest.mark.parametrize("page", page_walk.PAGES)
 def test_each_substitution_matches_a_block_the_walk_runs(page):
     page_walk.script(page)  # raises on a substitution that matches nothing

@@ -36,6 +36,7 @@ HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 # The scripts that write tables from results files: named in a section, or imported by a
 # benchmark that prints its table as a page has it, they measured nothing.
 WRITERS = {"tables", "records"}
+WRITER_FILES = {f"benchmarks/{name}.py" for name in WRITERS}
 # The program's folders: what a section with no command measured.
 PROGRAM = ("keras_transformer", "keras_transformer_app", "recipes", "benchmarks")
 
@@ -116,7 +117,7 @@ def imported_files(files, root=ROOT, known=None):
     seen, todo = set(), list(files)
     while todo:
         path = todo.pop()
-        if (path in seen or path in {f"benchmarks/{name}.py" for name in WRITERS}
+        if (path in seen or path in WRITER_FILES
                 or not os.path.exists(os.path.join(root, path))):
             continue
         seen.add(path)

@@ -84,6 +84,43 @@ class Distributed:
         self.cluster = cluster
         self.input_shard = input_shard
 
+    def feed(self, dataset):
+        """`dataset` (a `tf.data.Dataset` of global batches, or None) as `fit` should
+        get it: under one process's `MirroredStrategy`, each replica reads its row block
+        of every global batch from an iterator of its own on the host
+        (`distribute_datasets_from_function`, `InputReplicationMode.PER_REPLICA`,
+        `experimental_fetch_to_device=False`); elsewhere `dataset` itself.
+
+        Given a plain dataset, Keras distributes it through a `MultiDeviceIterator`,
+        and drops the validation split's at every evaluation (`EpochIterator.reset`),
+        while its devices' prefetches still wait ("GetNextFromShard was cancelled").
+        On 2 CPU cores that drop ended the process with a segmentation fault: in 2 of 2
+        runs of 80 one-step windows on 2 logical CPUs, and in CI's walk of
+        docs/distributed.md at 1d12c46 and 93d2c48. The rows are the ones
+        `experimental_distribute_dataset` gives each replica (block `i` of the batch
+        goes to replica `i`), so training is unchanged; each replica runs the pipeline
+        itself, and the ids reach its device in the step. Keras's per-batch id check
+        (`IdCheckedModel.fit`) sees a plain dataset only: the pipeline has checked the
+        ids already."""
+        if dataset is None or self.strategy is None or self.cluster is not None:
+            return dataset
+        import tensorflow as tf
+
+        def replica_dataset(context):
+            index, count = context.input_pipeline_id, context.num_input_pipelines
+
+            def rows(tensor):
+                block = tf.shape(tensor)[0] // count
+                return tensor[index * block:(index + 1) * block]
+
+            return dataset.map(lambda *element: tf.nest.map_structure(
+                rows, element if len(element) > 1 else element[0]))
+
+        return self.strategy.distribute_datasets_from_function(
+            replica_dataset, tf.distribute.InputOptions(
+                experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+                experimental_fetch_to_device=False))
+
     @property
     def is_chief(self):
         """Whether this process writes the run's files: process 0, or the only one."""

@@ -348,8 +348,9 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
     with distributed.writes_to(options.run_dir) as save_dir:
         # Resumes from the backup: after a kill, or with nothing left to train when
         # only the final save was missing.
-        history = fit_steps(model, train_dataset, options.run_dir, total_steps,
-                            checkpoint_every=every, validation_dataset=validation_dataset,
+        history = fit_steps(model, distributed.feed(train_dataset), options.run_dir,
+                            total_steps, checkpoint_every=every,
+                            validation_dataset=distributed.feed(validation_dataset),
                             keep_checkpoints=None if options.validation_curve
                             else options.keep_checkpoints, verbose=options.verbose,
                             save_dir=save_dir)

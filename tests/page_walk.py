@@ -18,7 +18,8 @@ the page's text, so a table cannot outlive its page. Downloads go to a loopback 
 The walk's HOME is a fresh folder (no keras.json: Keras's default backend, TensorFlow; an
 empty ~/.keras/datasets), and KERAS_BACKEND is unset unless a command sets it; XLA compiles
 faster, as in the suite, but for the benchmarks' chain (`WALK_XLA_FLAGS`); inside the
-suite the walk keeps the worker's share of the cores (OMP_NUM_THREADS, see `environment`).
+suite the walk keeps the worker's share of the cores (OMP_NUM_THREADS, see `environment`);
+a crash in native code prints Python's stacks (PYTHONFAULTHANDLER=1).
 
 A block that cannot run here (a GPU, docker, TensorFlow Serving, several hosts, the real
 WMT14, hours of measurement) is marked in the page itself, on the line above its fence:
@@ -256,6 +257,7 @@ def table(page):
         rows.append("| (no substitution) | | |")
     if chain_of(page) != "benchmarks":
         rows.append(f"environment: `XLA_FLAGS={WALK_XLA_FLAGS}` ({WALK_XLA_FLAGS_WHY})")
+    rows.append(f"environment: `PYTHONFAULTHANDLER=1` ({FAULT_HANDLER_WHY})")
     for command, _, why in BEFORE.get(page, ()):
         rows.append(f"before the page: `{command}` ({why})")
     for line, _, reason in blocks(read(page)):
@@ -298,19 +300,25 @@ WALK_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitte
 WALK_XLA_FLAGS_WHY = ("compiles faster: the walk's runs are mostly compiling (not in the "
                       "benchmarks' chain)")
 
+# A command that crashes in native code (a segmentation fault, an abort) prints every
+# thread's Python stack first, as `python -X faulthandler` traced the crash of
+# docs/distributed.md's one-process TensorFlow block.
+FAULT_HANDLER_WHY = "a crash in native code prints each thread's Python stack"
+
 
 def environment(home, mirror=None, chain=None):
     """The walk's environment for `chain`: a fresh HOME, no KERAS_BACKEND, the mirror, free
-    ports, and XLA_FLAGS set to WALK_XLA_FLAGS (none in the benchmarks' chain, whose commands
-    measure; the suite's own XLA_FLAGS stay out everywhere). OMP_NUM_THREADS stays, when set:
-    inside the suite it is the pytest worker's share of the cores, and the walk shares the
-    machine with the other worker. Without it, torch's two threads wait for a taken core: a
-    Multi30k run of the walk's earlier sizes (the recipe's 4 layers 128 wide) under torch took
-    1209 s beside a busy process, 320 s under JAX."""
+    ports, PYTHONFAULTHANDLER, and XLA_FLAGS set to WALK_XLA_FLAGS (none in the benchmarks'
+    chain, whose commands measure; the suite's own XLA_FLAGS stay out everywhere).
+    OMP_NUM_THREADS stays, when set: inside the suite it is the pytest worker's share of
+    the cores, and the walk shares the machine with the other worker. Without it, torch's
+    two threads wait for a taken core: a Multi30k run of the walk's earlier sizes (the
+    recipe's 4 layers 128 wide) under torch took 1209 s beside a busy process, 320 s under
+    JAX."""
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("KERAS_", "PYTEST_")) and name != "XLA_FLAGS"}
     env.update(HOME=home, PORT=str(free_port()), PORT_2=str(free_port()),
-               PORT_3=str(free_port()))
+               PORT_3=str(free_port()), PYTHONFAULTHANDLER="1")
     if mirror is not None:
         env["KERAS_TRANSFORMER_DATA_MIRROR"] = mirror
     if chain != "benchmarks":

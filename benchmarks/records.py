@@ -179,13 +179,14 @@ def quickstart(kind, record):
                  "exact match / BLEU", "averaged model: exact match / BLEU"), [row]))
 
 
-def _machine(made):
+def _machine(made, article=True):
     """"an Intel Xeon (AVX-512)": the CPU a results file names, and its widest instruction
-    set."""
+    set ("Intel Xeon (AVX-512)" without `article`)."""
     import re
 
     cpu = re.sub(r"\((?:R|TM)\)|\s+(?:Processor|CPU\b.*|\d+-Core.*)$", "", made["cpu"]).strip()
-    return f"{'an' if cpu[:1] in 'AEIOU' else 'a'} {cpu} ({made['isa']})"
+    machine = f"{cpu} ({made['isa']})"
+    return f"{'an' if cpu[:1] in 'AEIOU' else 'a'} {machine}" if article else machine
 
 
 def load(path):

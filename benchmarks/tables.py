@@ -93,7 +93,7 @@ def _ci(kind, runs):
         if missing:
             raise ValueError(f"CI's record at {run['commit']} lacks the stages "
                              f"{', '.join(missing)}")
-        machine = records._machine(run).split(" ", 1)[1]  # without its article
+        machine = records._machine(run, article=False)
         columns.append(f"{machine}, commit `{run['commit']}`")
         for name, label in _CI_STAGES.items():
             cells[label].append(f"{stages[name]['seconds']:,}")

@@ -351,9 +351,8 @@ def _train(record, config, options, total_steps, distributed, train_dataset,
         history = fit_steps(model, distributed.feed(train_dataset), options.run_dir,
                             total_steps, checkpoint_every=every,
                             validation_dataset=distributed.feed(validation_dataset),
-                            keep_checkpoints=None if options.validation_curve
-                            else options.keep_checkpoints, verbose=options.verbose,
-                            save_dir=save_dir)
+                            keep_checkpoints=None if options.validation_curve else
+                            options.keep_checkpoints, verbose=options.verbose, save_dir=save_dir)
         steps = optimizer_step(model)
         if "training" not in record:
             seconds = time.time() - start

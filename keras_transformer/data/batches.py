@@ -5,8 +5,9 @@ What `keras_transformer.data.pipeline.dataset_from_pairs` assembles: `pair_order
 draws the indices of the kept pairs, pass after pass; `element_function` cuts each
 pair from the flat id arrays (in memory, or memory-mapped from a token cache, whose
 pages the graph reads in place: `id_table`) and adds BOS and EOS; `batched` buckets,
-pads, rounds the batches to the data-parallel replicas, keeps a process's rows and
-prefetches.
+pads, rounds the batches to the data-parallel replicas, keeps a process's rows
+(`row_block`, which also gives each replica its rows under one process's strategy)
+and prefetches.
 """
 
 import mmap
@@ -87,13 +88,7 @@ def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
 
         dataset = dataset.map(pad_rows, num_parallel_calls=tf.data.AUTOTUNE)
     if shard is not None:
-        index, count = shard
-
-        def own_rows(*tensors):
-            rows = tf.shape(tensors[0])[0] // count
-            return tuple(x[index * rows:(index + 1) * rows] for x in tensors)
-
-        dataset = dataset.map(own_rows, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.map(row_block(*shard), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.map(lambda s, t, y: ({"source": s, "target": t}, y),
                           num_parallel_calls=tf.data.AUTOTUNE)
     if cardinality is not None:
@@ -111,6 +106,22 @@ def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
     # auto-sharding still serialize it: one copy there.)
     options.experimental_optimization.apply_default_optimizations = False
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def row_block(index, count):
+    """A `Dataset.map` function that keeps block `index` of `count` equal row blocks of
+    every tensor of an element (any structure): rows [index·b, (index+1)·b), b = rows //
+    count. The split tf.distribute makes: block i goes to replica or process i."""
+    import tensorflow as tf
+
+    def block(*element):
+        def rows(tensor):
+            size = tf.shape(tensor)[0] // count
+            return tensor[index * size:(index + 1) * size]
+
+        return tf.nest.map_structure(rows, element if len(element) > 1 else element[0])
+
+    return block
 
 
 def pair_order(pairs, shuffle, repeat, seed):

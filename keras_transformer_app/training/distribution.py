@@ -107,15 +107,11 @@ class Distributed:
             return dataset
         import tensorflow as tf
 
+        from keras_transformer.data.batches import row_block
+
         def replica_dataset(context):
-            index, count = context.input_pipeline_id, context.num_input_pipelines
-
-            def rows(tensor):
-                block = tf.shape(tensor)[0] // count
-                return tensor[index * block:(index + 1) * block]
-
-            return dataset.map(lambda *element: tf.nest.map_structure(
-                rows, element if len(element) > 1 else element[0]))
+            return dataset.map(row_block(context.input_pipeline_id,
+                                         context.num_input_pipelines))
 
         return self.strategy.distribute_datasets_from_function(
             replica_dataset, tf.distribute.InputOptions(

@@ -3,6 +3,7 @@ table of trials, distributed.md's table of clusters, the quickstart's table) and
 `wmt14_scale.py --output` runs; `benchmarks/tables.py` writes and checks them, by kind."""
 
 import json
+import os
 
 BACKEND_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
 # The options that every trial of a recipe shares, left out of its "options" cell.
@@ -261,17 +262,33 @@ _HEADLINES = {"bleu": _bleu, "quickstart": _quickstart, "gpu": _gpu,
               "wmt14_scale": _wmt14_scale}
 
 
+HEADLINES = "docs/results/headlines.json"
+
+
+def _headline(name, root):
+    """The row of README's table (`HEADLINES` under `root`) whose `name` is `name`: a page's
+    table names it instead of its record, so which run is, say, a recipe's default is
+    declared once."""
+    rows = {row["name"]: row for row in load(os.path.join(root, HEADLINES))["rows"]
+            if "name" in row}
+    if name not in rows:
+        raise ValueError(f"{HEADLINES} has no row named {name!r}; named: {', '.join(rows)}")
+    return rows[name]
+
+
 def headlines(kind, spec, root=None):
     """README's table of results: a row per entry of `spec` (docs/results/headlines.json),
     its figure made from the results file it names (`from`, a path from `root`, the
-    repository's by default) by the entry's `figure`."""
-    import os
-
+    repository's by default) by the entry's `figure`; an entry may name one of README's rows
+    (`headline`) for its `from` and `figure` instead, as docs/results/multi30k-defaults.json
+    does."""
     import run_all
 
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = []
     for row in spec["rows"]:
+        if "headline" in row:  # README's row of that name gives the record and its figure
+            row = {**_headline(row["headline"], root), **row}
         if row["figure"] not in _HEADLINES:
             raise ValueError(f"{row['what']}: no figure is made by {row['figure']!r}; known: "
                              f"{', '.join(_HEADLINES)}")

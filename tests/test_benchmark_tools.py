@@ -465,3 +465,13 @@ def test_readmes_results_are_made_from_the_files_their_rows_name(tables, tmp_pat
     with pytest.raises(ValueError, match="no figure is made by 'bleus'; known: bleu, quickstart"):
         tables.records.headlines("headlines", {"rows": [{**spec["rows"][0], "figure": "bleus"}]},
                                  root=str(tmp_path))
+    # Another page's table names README's row for its record and figure, with its own words.
+    named = {"rows": [{**spec["rows"][0], "name": "trial"}, *spec["rows"][1:]]}
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "headlines.json").write_text(json.dumps(named))
+    page = {"rows": [{"what": "the trial", "headline": "trial", "where": "[here](#here)"}]}
+    assert tables.records.headlines("headlines", page, root=str(tmp_path)).splitlines()[2] == (
+        f"| the trial | {cells[0]} | [here](#here) |")
+    with pytest.raises(ValueError, match="has no row named 'trail'; named: trial"):
+        tables.records.headlines("headlines", {"rows": [{**page["rows"][0], "headline": "trail"}]},
+                                 root=str(tmp_path))

@@ -388,22 +388,27 @@ def test_a_preset_given_replaces_the_recipes_own_model(module, argv, preset):
         vocab_size=8).d_model)
 
 
-@pytest.mark.parametrize("trained, option", [("tokenizer", "separate_vocabularies=False"),
-                                             ("source_tokenizer", "separate_vocabularies=True")])
+@pytest.mark.parametrize("trained, option, flag", [
+    ("tokenizer", "separate_vocabularies=False", "--no-separate-vocabularies"),
+    ("source_tokenizer", "separate_vocabularies=True", "--separate-vocabularies")])
 def test_a_run_directory_keeps_the_vocabulary_layout_it_was_trained_with(
-        tmp_path, trained, option):
+        tmp_path, trained, option, flag):
     """A run of the earlier shared-vocabulary default, resumed under today's
     separate default (or the other way round), is refused before anything is
-    learned or trained, and the message names the option that resumes it."""
+    learned or trained, and the message names the option that resumes it: on the
+    command line its flag alone (it once read "--no-separate-vocabularies False")."""
+    from keras_transformer_app.cli import errors
     os.makedirs(tmp_path / trained)
     (tmp_path / trained / "tokenizer.json").write_text("{}")
     args = multi30k.parse_args(["--run-dir", str(tmp_path)] + (
         ["--no-separate-vocabularies"] if trained == "source_tokenizer" else []))
     corpus = synthetic_translation(10, seed=0)
-    with pytest.raises(ValueError, match=f"trained with .*: resume it with {option},"):
+    with pytest.raises(ValueError, match=f"trained with .*: resume it with {option},") as raised:
         learn_or_load_tokenizers(args.run_dir, corpus, args.vocab_size,
                                  separate=args.separate_vocabularies)
     assert sorted(os.listdir(tmp_path)) == [trained]
+    line = errors.flag_names(str(raised.value), errors.option_flags(multi30k.build_parser()))
+    assert f"resume it with {flag}, or give a new run directory." in line
 
 
 def test_a_cooldown_longer_than_the_run_is_refused(tmp_path):

@@ -239,7 +239,8 @@ def _flags_of_the_command_line():
 
 def option_flags(parser):
     """{destination: flag} of every option of `parser` and its subcommands
-    (`beam_size` → `--beam-size`)."""
+    (`beam_size` → `--beam-size`); an option that is on or off has both of its flags
+    (`separate_vocabularies` → `("--separate-vocabularies", "--no-separate-vocabularies")`)."""
     import argparse
 
     flags = {}
@@ -248,19 +249,33 @@ def option_flags(parser):
             for subparser in subparsers.values():
                 flags.update(option_flags(subparser))
         elif action.option_strings and action.dest not in ("help", argparse.SUPPRESS):
-            flags.setdefault(action.dest, max(action.option_strings, key=len))
+            if isinstance(action, argparse.BooleanOptionalAction):
+                off = [flag for flag in action.option_strings if flag.startswith("--no-")]
+                on = [flag for flag in action.option_strings if flag not in off]
+                flags.setdefault(action.dest, (max(on, key=len), max(off, key=len)))
+            else:
+                flags.setdefault(action.dest, max(action.option_strings, key=len))
     return flags
 
 
 def flag_names(message, flags):
     """`message` with each `name=value` of an option written as its flag and value:
     "tokens_per_batch=100 is below max_sentence_length=128" becomes
-    "--tokens-per-batch 100 is below --max-sentence-length 128"."""
+    "--tokens-per-batch 100 is below --max-sentence-length 128", and an on-or-off
+    option's `name=True` or `name=False` becomes its flag alone ("--no-separate-vocabularies")."""
     if not flags:
         return message
     pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, flags), key=len,
-                                                    reverse=True)) + r")=")
-    return pattern.sub(lambda match: flags[match.group(1)] + " ", message)
+                                                    reverse=True)) + r")=(?:(True|False)\b)?")
+
+    def flag(match):
+        name, switch = match.groups()
+        if isinstance(flags[name], str):
+            return flags[name] + " " + (switch or "")
+        on, off = flags[name]
+        return {"True": on, "False": off}.get(switch, on + " ")
+
+    return pattern.sub(flag, message)
 
 
 def _failed_run(error):

@@ -18,6 +18,8 @@ step's float32 logits of 64 × 32 positions are 66 MB; at the paper's 37,000, 30
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    import checkout  # noqa: F401  this tree's library and program, installed or not
+
     from keras_transformer_app.logs import start
 
     start()

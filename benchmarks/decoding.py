@@ -43,6 +43,8 @@ exported SavedModel's `translate_ids` signature, the path TF Serving users run
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    import checkout  # noqa: F401  this tree's library and program, installed or not
+
     from keras_transformer_app.logs import start
 
     start()

@@ -34,6 +34,8 @@ are marked with that checkout's commit, and "× baseline at 32" compares the two
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    import checkout  # noqa: F401  this tree's library and program, installed or not
+
     from keras_transformer_app.logs import start
 
     start()

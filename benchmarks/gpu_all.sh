@@ -11,6 +11,10 @@
 # ids; BEFORE names a copy of the repository at an earlier commit whose
 # benchmarks/gpu.py runs first, as the baseline of the same invocation. QUICK=1
 # runs every step at tiny sizes on whatever device there is, to check the script.
+# A copy without its .git (the GPU machine's) names its commit by
+# KERAS_TRANSFORMER_COMMIT, and BEFORE's by BEFORE_COMMIT, for the results to record;
+# each script reads the library of its own tree (benchmarks/checkout.py), so neither
+# tree needs installing.
 set -u
 out=${1:?usage: bash benchmarks/gpu_all.sh OUTDIR [BUDGET_SECONDS]}
 budget=${2:-540}
@@ -89,7 +93,7 @@ run jax-base-bf16 170 jax $fit $long --peers eager,compile
 run jax-big-bf16 170 jax $fit $long --config big --peers compile
 # The code before the change under test, on the same machine in the same call.
 if [[ -n $before ]]; then
-  run before-jax-base-bf16 40 jax $before/$fit $short
+  KERAS_TRANSFORMER_COMMIT=${BEFORE_COMMIT:-} run before-jax-base-bf16 40 jax $before/$fit $short
 fi
 run torch-base-bf16 50 torch $fit $long --peers eager
 # Keras's torch trainer with the train step under torch.compile (issue 53).
@@ -101,7 +105,7 @@ run jax-big-bf16-fused-loss 45 jax $fit $short --config big --loss fused
 run jax-base-bf16-profile 40 jax $fit $short --profile 5
 run jax-base-fp16 40 jax $fit $short --precision mixed_float16
 if [[ -n $before ]]; then
-  run before-jax-base-fp16 40 jax $before/$fit $short --precision mixed_float16
+  KERAS_TRANSFORMER_COMMIT=${BEFORE_COMMIT:-} run before-jax-base-fp16 40 jax $before/$fit $short --precision mixed_float16
 fi
 run jax-big-bf16-20-steps-per-call 45 jax $fit $short --config big --steps-per-execution 20
 if [[ -n $ids ]]; then

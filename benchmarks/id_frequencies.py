@@ -13,6 +13,8 @@ file to the GPU machine.
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    import checkout  # noqa: F401  this tree's library and program, installed or not
+
     from keras_transformer_app.logs import start
 
     start()

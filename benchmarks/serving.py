@@ -35,6 +35,8 @@ run takes about 10 minutes on a 2-core CPU, half of it the two servers' warm-ups
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    import checkout  # noqa: F401  this tree's library and program, installed or not
+
     from keras_transformer_app.logs import start
 
     start()

@@ -15,6 +15,8 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
     import os
 
     os.environ["KERAS_BACKEND"] = "torch"
+    import checkout  # noqa: F401  this tree's library and program, installed or not
+
     from keras_transformer_app.logs import start
 
     start()

@@ -35,6 +35,8 @@ corpus takes about 1.2 GB of disk in `--work-dir` (kept for reruns with
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
+    import checkout  # noqa: F401  this tree's library and program, installed or not
+
     from keras_transformer_app.logs import start
 
     start()

@@ -15,7 +15,14 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def commit(checkout=CHECKOUT):
     """The checkout's short commit, with " (uncommitted changes)" after it when its tracked
-    files differ from it; "unknown commit" where it is not a git checkout."""
+    files differ from it; "unknown commit" where it is not a git checkout.
+
+    `KERAS_TRANSFORMER_COMMIT`, when set, is returned as it is: a copy of the tree without
+    its `.git` (the GPU machine's, benchmarks/gpu_all.sh) is told its commit by whoever
+    copied it, since a stale `.git` there would name another."""
+    given = os.environ.get("KERAS_TRANSFORMER_COMMIT", "").strip()
+    if given:
+        return given
 
     def git(*arguments):
         # --no-optional-locks: never take the index lock of a checkout in use.

@@ -74,6 +74,8 @@ def test_the_command_recorded_is_the_one_typed_with_its_backend(monkeypatch):
     assert provenance.command(typed) == ("KERAS_BACKEND=jax python -m recipes.multi30k "
                                          "--direction en-de --data-dir 'my data'")
     assert provenance.commit("/") == "unknown commit"  # not a git checkout
+    monkeypatch.setenv("KERAS_TRANSFORMER_COMMIT", "8b19823")  # a copy told its commit
+    assert provenance.commit("/") == provenance.commit() == "8b19823"
 
 
 # Which phases a run does again is decided from results.json, the same under every

@@ -347,14 +347,17 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     config = recipe.model_config(by_hand, argv)
     assert (config.norm_position, config.dropout_rate, config.label_smoothing) == (
         "post", 0.2, 0.1)
-    # English→German trains twice the steps, warms up over 2000 to twice the rate and
-    # averages the last 10 (its trials), each replaced by hand; German→English keeps 8000,
-    # 1000, 1 and 5.
+    # English→German trains twice the steps, warms up over 2000 to twice the rate, averages
+    # the last 10 and tunes α up to 1.8 (its trials), each replaced by hand; German→English
+    # keeps 8000, 1000, 1, 5 and α up to 1.4.
     assert (args.direction, args.steps, args.warmup_steps, args.lr_scale,
             args.keep_checkpoints) == ("de-en", 8000, 1000, 1.0, 5)
     en_de = multi30k.parse_args(["--direction", "en-de"])
     assert (en_de.steps, en_de.warmup_steps, en_de.lr_scale, en_de.keep_checkpoints) == (
         16000, 2000, 2.0, 10)
+    assert en_de.tune_alpha == (0.8, 1.0, 1.2, 1.4, 1.6, 1.8)
+    assert multi30k.parse_args(["--direction", "en-de", "--alpha", "0.6"]).tune_alpha is None
+    assert multi30k.parse_args(["--direction", "en-de", "--tune-alpha", "1"]).tune_alpha == (1.0,)
     assert recipe.model_config(en_de, ["--direction", "en-de"]).warmup_steps == 2000
     assert cooldown_steps(en_de.cooldown_steps, en_de.steps) == 6400
     by_hand = multi30k.parse_args(["--direction", "en-de", "--steps", "8000",

@@ -56,15 +56,26 @@ def add_data_options(parser):
                         help="folder with train.{de,en}[.gz], val.*, test_2016_flickr.* "
                              "(default: download them into the Keras cache on first use)")
     recipe.add(parser, "train_limit")
+    parser.add_argument("--lowercase", action="store_true",
+                        help="lower-case every split, references included, before the "
+                             "vocabulary is learned, as the published Multi30k results train "
+                             "and score (the model then writes lower case only; resume a "
+                             "run with the choice it started with: its directory keeps the "
+                             "vocabulary it learned)")
 
 
 def load_splits(args):
-    """The Multi30k splits of --direction, the training split cut to --train-limit."""
+    """The Multi30k splits of --direction, the training split cut to --train-limit, every
+    split lower-cased with --lowercase."""
     from keras_transformer.data.corpora import first_pairs, load_multi30k
     from keras_transformer.data.downloads import fetch_multi30k
 
     splits = load_multi30k(args.data_dir or fetch_multi30k(), args.direction)
     splits["train"] = first_pairs(splits["train"], args.train_limit)
+    if args.lowercase:
+        splits = {name: corpus._replace(sources=[line.lower() for line in corpus.sources],
+                                        targets=[line.lower() for line in corpus.targets])
+                  for name, corpus in splits.items()}
     return splits
 
 

@@ -312,6 +312,20 @@ def test_bad_option_values_are_rejected(arguments, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_lowercase_lowers_every_multi30k_split_references_included():
+    arguments = ["--direction", "en-de", "--data-dir", shared_data("multi30k"),
+                 "--train-limit", "50"]
+    cased = multi30k.load_splits(multi30k.parse_args(arguments))
+    lowered = multi30k.load_splits(multi30k.parse_args([*arguments, "--lowercase"]))
+    assert multi30k.parse_args(arguments).lowercase is False
+    assert set(lowered) == set(cased) == {"train", "validation", "test"}
+    for name, corpus in cased.items():
+        assert len(lowered[name].sources) == len(corpus.sources)
+        assert lowered[name].sources == [line.lower() for line in corpus.sources]
+        assert lowered[name].targets == [line.lower() for line in corpus.targets]
+        assert any(line != line.lower() for line in corpus.targets)  # German nouns
+
+
 def test_multi30k_defaults_are_the_one_hour_recipe():
     args = multi30k.parse_args([])
     assert (args.steps, args.epochs, args.tokens_per_batch, args.checkpoint_every) == (

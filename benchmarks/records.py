@@ -190,6 +190,42 @@ def _machine(made, article=True):
     return f"{'an' if cpu[:1] in 'AEIOU' else 'a'} {machine}" if article else machine
 
 
+def gpu(kind, lines):
+    """gpu_all.sh's JSON lines (results.jsonl): a row for each run's model and each of its
+    peers, in the file's order, then ours / peer; a run that failed or ran past its limit is
+    said in a line of its own. The lines' commit is not shown: the page names the one the
+    copy was (KERAS_TRANSFORMER_COMMIT records it since)."""
+    import run_all
+
+    def row(name, model, result):
+        return (name, model, f"{result['median_step_s'] * 1000:.1f}",
+                f"{result['tokens_per_s']:,.0f}", f"{result['achieved_tflops']:.1f}",
+                f"{result['mfu']:.1%}", f"{result['peak_gpu_memory_mb']:,.0f}",
+                f"{result['first_window_s']:.1f} s")
+
+    rows, ratios, failed = [], [], []
+    for line in lines:
+        result = line.get("result")
+        if result is None:
+            failed.append(f"`{line['run']}` ended with status {line['exit_status']} after "
+                          f"{line['wall_s']} s")
+            continue
+        model = f"{result['config']} ({result['params'] / 1e6:.1f}M)"
+        rows.append(row(f"ours, {BACKEND_NAMES[result['backend']]} (`{line['run']}`)", model,
+                        result))
+        for mode, peer in result.get("peers", {}).items():
+            label = "`torch.compile`" if mode == "compile" else mode
+            rows.append(row(f"torch.nn.Transformer, {label} (`{line['run']}`)", model, peer))
+            ratios.append(f"`{line['run']}` {peer['ours_over_peer']:.3f} × the "
+                          f"{'compiled' if mode == 'compile' else mode} peer")
+    text = run_all.table(("run", "model", "ms/step", "target tokens/s", "TFLOP/s", "MFU",
+                          "peak GPU MiB", "first window"), rows)
+    text += "\n\nOurs / the peer, from the same invocation: " + "; ".join(ratios) + "."
+    if failed:
+        text += "\n\nNot measured: " + "; ".join(failed) + "."
+    return text
+
+
 def load(path):
     """A results file (JSON, or JSON lines as a list) or a folder of them, in name order:
     what a table is made from (`tables.render`, and each row of README's results)."""

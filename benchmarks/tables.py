@@ -23,7 +23,8 @@ A table of trials (`trials`) is made from a folder of such records, a row each, 
 order of their names, and so is distributed.md's table of one process against a cluster
 (`clusters`); the quickstart's table (`quickstart`) from one, recorded with
 `--wall-seconds`, the whole command's time as `/usr/bin/time` gave it; wmt14.md's from a
-folder of `wmt14_scale.py --output` files. Those kinds are in benchmarks/records.py.
+folder of `wmt14_scale.py --output` files; the GPU's table (`gpu`) from gpu_all.sh's
+`results.jsonl`. Those kinds are in benchmarks/records.py.
 """
 
 import os
@@ -183,6 +184,7 @@ KINDS = {
     "clusters": records.clusters,  # a folder of records: distributed.md's runs, a row each
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
     "headlines": records.headlines,  # README's results, a row each from its results file
+    "gpu": records.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
 }
 
 

@@ -193,6 +193,22 @@ def test_a_result_records_its_commit_command_and_machine(common, capsys, monkeyp
     assert second["commit"] == "its own"
 
 
+def test_the_gpu_table_has_a_row_per_model_and_peer_and_says_which_runs_failed(tables):
+    result = {"backend": "jax", "config": "base", "params": 63_119_496, "median_step_s": 0.039,
+              "tokens_per_s": 639_027.4, "achieved_tflops": 246.6, "mfu": 0.2494,
+              "peak_gpu_memory_mb": 12_779.6, "first_window_s": 29.22}
+    peer = {**result, "tokens_per_s": 540_323.8, "ours_over_peer": 1.1827}
+    lines = [{"run": "jax-base-bf16", "wall_s": 141,
+              "result": {**result, "peers": {"compile": peer}}},
+             {"run": "torch-base-bf16-compiled", "wall_s": 137, "exit_status": 124}]
+    text = tables.KINDS["gpu"]("gpu", lines).splitlines()
+    assert text[2] == ("| ours, JAX (`jax-base-bf16`) | base (63.1M) | 39.0 | 639,027 | 246.6 | "
+                       "24.9% | 12,780 | 29.2 s |")
+    assert text[3].startswith("| torch.nn.Transformer, `torch.compile` (`jax-base-bf16`) |")
+    assert "`jax-base-bf16` 1.183 × the compiled peer." in text[5]
+    assert text[7] == "Not measured: `torch-base-bf16-compiled` ended with status 124 after 137 s."
+
+
 def test_a_table_of_trials_is_made_from_the_records_of_finished_runs(tables, tmp_path):
     from keras_transformer_app import run_files
 

@@ -127,8 +127,9 @@ def test_a_figure_changed_by_hand_is_found_and_written_again(tables, tmp_path):
     for name in ("RESULTS.md", "RESULTS.json"):
         (tmp_path / "benchmarks" / name).write_text(
             open(os.path.join(REPOSITORY, "benchmarks", name), encoding="utf-8").read())
-    shutil.copytree(os.path.join(REPOSITORY, "benchmarks", "results"),
-                    tmp_path / "benchmarks" / "results")  # the files its other blocks read
+    for folder in ("results", "gpu_runs"):  # the files its other blocks read
+        shutil.copytree(os.path.join(REPOSITORY, "benchmarks", folder),
+                        tmp_path / "benchmarks" / folder)
     page = tmp_path / "benchmarks" / "RESULTS.md"
     text = page.read_text()
     # A row of the matmul table, as RESULTS.json gives it, with its first figure changed.

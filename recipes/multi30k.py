@@ -58,8 +58,8 @@ def add_data_options(parser):
     recipe.add(parser, "train_limit")
     parser.add_argument("--lowercase", action="store_true",
                         help="lower-case every split, references included, before the "
-                             "vocabulary is learned, as the published Multi30k results train "
-                             "and score (the model then writes lower case only; resume a "
+                             "vocabulary is learned, as Multi30k's published scores usually "
+                             "train and score (the model then writes lower case only; resume a "
                              "run with the choice it started with: its directory keeps the "
                              "vocabulary it learned)")
 

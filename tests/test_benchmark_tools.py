@@ -9,6 +9,7 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 from helpers import REPOSITORY, benchmark_module
 
@@ -492,3 +493,50 @@ def test_readmes_results_are_made_from_the_files_their_rows_name(tables, tmp_pat
     with pytest.raises(ValueError, match="has no row named 'trail'; named: trial"):
         tables.records.headlines("headlines", {"rows": [{**page["rows"][0], "headline": "trail"}]},
                                  root=str(tmp_path))
+
+
+def test_gpu_multi30ks_batches_follow_the_pipelines_bucket_plan():
+    """benchmarks/gpu_multi30k.py batches ids in NumPy as the tf.data pipeline plans them:
+    each batch one bucket's width and size, sources ending in EOS, the decoder input
+    starting with BOS and the labels shifted left by one, over-long and empty pairs never
+    drawn, every pass in a new order."""
+    from keras_transformer.data.pipeline import bucket_plan
+
+    gpu_multi30k = benchmark_module("gpu_multi30k")
+    rng = np.random.default_rng(0)
+    lengths = [(int(a), int(b)) for a, b in rng.integers(1, 14, size=(300, 2))]
+    lengths += [(20, 3), (3, 16), (0, 4)]  # too long for 16 positions either side, and empty
+    rows = {side: [list(rng.integers(4, 50, size=n)) for n in column]
+            for side, column in zip(("source", "target"), zip(*lengths))}
+    for pair, ids in enumerate(rows["source"]):  # each source starts with its pair's own id
+        ids[:1] = [1000 + pair] if ids else []
+    data = dict(pad_id=0, bos_id=1, eos_id=2, source_eos_id=3)
+    for side, side_rows in rows.items():
+        data.update(gpu_multi30k._ragged(f"train_{side}", side_rows))
+    _, sizes, widths = bucket_plan(16, 64, 4)
+    seen, order = set(), []
+    stream = gpu_multi30k.batches(data, 16, 64, 4, seed=1)
+    for _ in range(60):
+        inputs, labels = next(stream)
+        source, target = inputs["source"], inputs["target"]
+        bucket = widths.index(source.shape[1])
+        assert source.shape == target.shape == labels.shape == (sizes[bucket], widths[bucket])
+        for row in range(len(source)):
+            ids = [int(i) for i in source[row] if i]
+            pair = ids[0] - 1000
+            assert ids[:-1] == rows["source"][pair]
+            assert ids[-1] == 3 and len(ids) - 1 == lengths[pair][0] < 16
+            target_ids = [int(i) for i in target[row] if i]
+            assert target_ids == [1, *rows["target"][pair]]
+            assert [int(i) for i in labels[row] if i] == [*rows["target"][pair], 2]
+            seen.add(pair)
+            order.append(pair)
+    assert seen <= set(range(300)) and len(seen) > 250
+    first_pass, second_pass = order[:250], order[300:550]
+    assert first_pass != second_pass  # a new order each pass
+
+    def first_batch(seed):
+        return next(gpu_multi30k.batches(data, 16, 64, 4, seed=seed))[0]["source"].tolist()
+
+    assert first_batch(1) == first_batch(1) != first_batch(2)
+

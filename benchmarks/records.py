@@ -226,6 +226,34 @@ def gpu(kind, lines):
     return text
 
 
+def gpu_before_after(kind, lines):
+    """gpu_all.sh's JSON lines of a run with BEFORE: the JAX base model's rows, the
+    baseline's (runs named "before-...") beside this commit's, by precision, then the run on
+    real ids; the float16 rows say how many steps the loss scaler skipped."""
+    import run_all
+
+    def order(line):
+        result = line["result"]
+        return (result["precision"] != "mixed_bfloat16", not result["ids"].startswith("zipf"),
+                not line["run"].startswith("before-"))
+
+    rows = []
+    chosen = [line for line in lines if line.get("result") and line["result"]["backend"] == "jax"
+              and line["result"]["config"] == "base" and not line["run"].endswith("-profile")]
+    for line in sorted(chosen, key=order):
+        result = line["result"]
+        name = "before" if line["run"].startswith("before-") else "after"
+        if not result["ids"].startswith("zipf"):
+            name += ", ids of real text"
+        skipped = (f"{result['skipped_steps']} of {result['steps']}"
+                   if result["precision"] == "mixed_float16" else "–")
+        rows.append((f"{name} (`{line['run']}`)", result["precision"], str(result["steps"]),
+                     f"{result['median_step_s'] * 1000:.1f}", f"{result['tokens_per_s']:,.0f}",
+                     skipped))
+    return run_all.table(("run (JAX, base)", "precision", "steps", "ms/step", "target tokens/s",
+                          "steps skipped by loss scaling"), rows)
+
+
 def load(path):
     """A results file (JSON, or JSON lines as a list) or a folder of them, in name order:
     what a table is made from (`tables.render`, and each row of README's results)."""

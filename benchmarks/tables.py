@@ -185,6 +185,7 @@ KINDS = {
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
     "headlines": records.headlines,  # README's results, a row each from its results file
     "gpu": records.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
+    "gpu_before_after": records.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
 }
 
 

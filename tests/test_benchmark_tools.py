@@ -540,3 +540,25 @@ def test_gpu_multi30ks_batches_follow_the_pipelines_bucket_plan():
 
     assert first_batch(1) == first_batch(1) != first_batch(2)
 
+
+def test_a_gpu_run_with_its_baseline_makes_the_table_of_before_and_after(tables):
+    """records.gpu_before_after: the JAX base runs of gpu_all.sh with BEFORE, the baseline
+    beside this commit by precision, the run on real ids after, the profile and other
+    models left out, and the float16 rows' skipped steps."""
+    def line(run, precision="mixed_bfloat16", ids="zipf 1.1", config="base", step=0.04):
+        return {"run": run, "result": dict(
+            backend="jax", config=config, precision=precision, ids=ids, steps=40,
+            skipped_steps=1, median_step_s=step, tokens_per_s=24896 / step)}
+
+    lines = [line("jax-base-bf16"), line("jax-big-bf16", config="big"),
+             line("before-jax-base-bf16", step=0.1), line("jax-base-bf16-profile"),
+             line("jax-base-fp16", "mixed_float16"), {"run": "x", "wall_s": 3},
+             line("before-jax-base-fp16", "mixed_float16", step=0.1),
+             line("jax-base-bf16-real-ids", ids="ids.npy", step=0.032)]
+    rows = tables.records.gpu_before_after("gpu_before_after", lines).splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| before (`before-jax-base-bf16`)", "| after (`jax-base-bf16`)",
+        "| after, ids of real text (`jax-base-bf16-real-ids`)",
+        "| before (`before-jax-base-fp16`)", "| after (`jax-base-fp16`)"]
+    assert rows[0].split(" | ")[3:] == ["100.0", "248,960", "– |"]
+    assert rows[3].endswith("| 1 of 40 |")

@@ -181,12 +181,13 @@ def _search(args, model, data, result, began):
     import keras
 
     from keras_transformer.inference.beam import beam_search
-    from keras_transformer.inference.limits import source_limit, source_width
+    from keras_transformer.inference.limits import source_limit, source_width, truncate_source
 
     config = model.config
-    limit = source_limit(config)
+    limit, source_eos = source_limit(config), int(data["source_eos_id"])
     for split in ("validation", "test"):
-        rows = [[int(i) for i in row][:limit - 1] + [int(data["source_eos_id"])]
+        # Encoder inputs as the Translator makes them: ids + [EOS], cut to the model's limit.
+        rows = [truncate_source([*map(int, row), source_eos], limit, source_eos)[0]
                 for row in _rows(data, f"{split}_source")]
         matrix = np.full((len(rows), source_width(max(map(len, rows)), limit)),
                          config.pad_id, np.int32)
@@ -230,17 +231,18 @@ def score(args):
             print(f"{result['name']:<24} not searched: trained {result['log'][-1]['step']} "
                   f"steps, last loss {result['log'][-1]['loss']:.3f}")
             continue
-        bleu = {}
-        for split, by_alpha in result["ids"].items():
-            for alpha, ids in by_alpha.items():
-                hypotheses = tokenizer.detokenize(ids)
-                _, lowercase = evaluation.bleu_scores(hypotheses, references[split])
-                bleu.setdefault(split, {})[alpha] = round(lowercase.score, 2)
-        alpha = max(bleu["validation"], key=lambda a: bleu["validation"][a])
+        def bleu(split, alpha):
+            hypotheses = tokenizer.detokenize(result["ids"][split][alpha])
+            return round(evaluation.bleu_scores(hypotheses, references[split])[1].score, 2)
+
+        validation = {alpha: bleu("validation", alpha) for alpha in result["ids"]["validation"]}
+        alpha = max(validation, key=validation.get)
+        # test2016 is read at validation's α alone, though train searched it at each.
+        test = bleu("test", alpha) if alpha in result["ids"].get("test", {}) else None
         row = {"name": result["name"], "alpha": float(alpha),
-               "validation": bleu["validation"][alpha], "test2016": bleu.get("test", {}).get(alpha),
+               "validation": validation[alpha], "test2016": test,
                "parameters": result["parameters"], "train_seconds": result["train_seconds"],
-               "last_loss": result["log"][-1]["loss"], "validation_by_alpha": bleu["validation"],
+               "last_loss": result["log"][-1]["loss"], "validation_by_alpha": validation,
                "options": result["options"]}
         rows.append(row)
         print(f"{row['name']:<24} val {row['validation']:6.2f} (alpha {alpha}) test2016 "

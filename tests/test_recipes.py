@@ -370,6 +370,18 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert (en_de.steps, en_de.warmup_steps, en_de.lr_scale, en_de.keep_checkpoints) == (
         16000, 2000, 2.0, 10)
     assert en_de.tune_alpha == (0.8, 1.0, 1.2, 1.4, 1.6, 1.8)
+    # One vocabulary for both languages, its embeddings shared (§3.4); either spelling of
+    # the option given by hand wins, as does --no-tune-alpha.
+    assert (args.separate_vocabularies, en_de.separate_vocabularies) == (True, False)
+    shared = recipe.model_config(en_de, ["--direction", "en-de"])
+    assert shared.share_embeddings and shared.target_vocab_size is None
+    for flag, separate in (("--separate-vocabularies", True),
+                           ("--no-separate-vocabularies", False)):
+        argv = ["--direction", "en-de", flag]
+        assert multi30k.parse_args(argv).separate_vocabularies is separate
+        assert recipe.model_config(multi30k.parse_args(argv), argv).share_embeddings is (
+            not separate)
+    assert multi30k.parse_args(["--direction", "en-de", "--no-tune-alpha"]).tune_alpha is None
     assert multi30k.parse_args(["--direction", "en-de", "--alpha", "0.6"]).tune_alpha is None
     assert multi30k.parse_args(["--direction", "en-de", "--tune-alpha", "1"]).tune_alpha == (1.0,)
     assert recipe.model_config(en_de, ["--direction", "en-de"]).warmup_steps == 2000

@@ -222,10 +222,12 @@ def _recipe_model(defaults):
 
 def given(argv=None):
     """The destinations of the options written on a command line (the process's by
-    default): `--alpha 0.6` and `--alpha=0.6` give "alpha"."""
+    default): `--alpha 0.6` and `--alpha=0.6` give "alpha"; the negative spelling of a
+    yes/no option gives its destination too (`--no-tune-alpha` gives "tune_alpha")."""
     argv = sys.argv[1:] if argv is None else argv
-    return {word[2:].split("=")[0].replace("-", "_") for word in argv
-            if word.startswith("--")}
+    names = {word[2:].split("=")[0].replace("-", "_") for word in argv
+             if word.startswith("--")}
+    return names | {name[3:] for name in names if name.startswith("no_")}
 
 
 def run_options(parser, args, name, run_dir=None):

@@ -180,6 +180,31 @@ def quickstart(kind, record):
                  "exact match / BLEU", "averaged model: exact match / BLEU"), [row]))
 
 
+def recipe_run(kind, record):
+    """One recorded recipe run (`--record`): its command, commit and machine, then its
+    steps, training time, the test sentences and their references, the BLEU of the last
+    checkpoint (and, where a sentence has several references, of each pair scored against
+    its own reference alone) and of the averaged model, cased / lower-cased, and its α."""
+    import run_all
+
+    made, averaged = record["provenance"], record["averaged"]
+
+    def bleu(result):
+        return f"{result['bleu']:.2f} / {result['bleu_lowercase']:.2f}"
+
+    header = ["steps", "training", "test sentences (references)", "BLEU cased / lower-cased"]
+    row = [record["steps"], duration(record["train_seconds"]),
+           f"{record['test_sentences']:,} ({record['test_references']:,})", bleu(record)]
+    if "per_pair" in record:
+        header.append("one reference per pair")
+        row.append(bleu(record["per_pair"]))
+    header += ["averaged", "α"]
+    row += [bleu(averaged), f"{record['alpha']:g}"]
+    return (f"`{made['command']}` at commit `{made['commit']}`, on {made['cores']} cores of "
+            f"{_machine(made)}, under {BACKEND_NAMES[record['backend']]}:\n\n"
+            + run_all.table(header, [row]))
+
+
 def _machine(made, article=True):
     """"an Intel Xeon (AVX-512)": the CPU a results file names, and its widest instruction
     set ("Intel Xeon (AVX-512)" without `article`)."""

@@ -181,6 +181,7 @@ KINDS = {
     "ci": _ci,  # a folder of CI's records of its stages' time (.ci/times.py), a column each
     "decoding_peers": _decoding_peers,  # a folder of decoding.py --ctranslate2 runs
     "quickstart": records.quickstart,  # the quickstart's record (--record ... --wall-seconds)
+    "recipe_run": records.recipe_run,  # one recipe run's record (--record): its test BLEU
     "clusters": records.clusters,  # a folder of records: distributed.md's runs, a row each
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
     "headlines": records.headlines,  # README's results, a row each from its results file

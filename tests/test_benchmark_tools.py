@@ -414,6 +414,26 @@ def test_the_quickstarts_table_is_made_from_its_record(tables, tmp_path):
         tables.main(["--wall-seconds", "3"])  # only with --record
 
 
+def test_a_recipe_runs_table_is_made_from_its_record(tables):
+    """A recorded recipe run's table: its command, commit and machine, then its length,
+    the test BLEU of the last checkpoint, pair by pair where sentences repeat, and of the
+    averaged model."""
+    made = {"command": "python -m recipes.anki", "commit": "abc1234", "cores": 2,
+            "cpu": "Intel(R) Xeon(R) Processor", "isa": "AVX-512"}
+    record = {"backend": "jax", "steps": 1100, "train_seconds": 1267.4, "test_sentences": 5145,
+              "test_references": 5978, "bleu": 29.714, "bleu_lowercase": 30.316, "alpha": 0.6,
+              "averaged": {"bleu": 18.857, "bleu_lowercase": 19.291}, "provenance": made}
+    text = tables.KINDS["recipe_run"]("recipe_run", record)
+    assert text.startswith("`python -m recipes.anki` at commit `abc1234`, on 2 cores of an "
+                           "Intel Xeon (AVX-512), under JAX:")
+    assert text.endswith("| 1100 | 21 min 7 s | 5,145 (5,978) | 29.71 / 30.32 "
+                         "| 18.86 / 19.29 | 0.6 |")
+    record["per_pair"] = {"bleu": 28.29, "bleu_lowercase": 28.94}
+    text = tables.KINDS["recipe_run"]("recipe_run", record)
+    assert "| one reference per pair | averaged | α |" in text
+    assert text.endswith("| 29.71 / 30.32 | 28.29 / 28.94 | 18.86 / 19.29 | 0.6 |")
+
+
 def test_a_results_file_records_its_commit_command_and_machine(common, tmp_path, capsys):
     output = tmp_path / "results.json"
     common.write_results({"benchmark": "x"}, str(output))

@@ -251,6 +251,35 @@ def gpu(kind, lines):
     return text
 
 
+# The paper's training length per model (§5.2): steps, and target tokens a step (about 25,000).
+PAPER_STEPS = {"base": 100_000, "big": 300_000}
+PAPER_TOKENS_PER_STEP = 25_000
+
+
+def gpu_paper_time(kind, lines):
+    """How long the paper's training (§5.2) takes at the target tokens per second that
+    gpu_all.sh's JSON lines measured for our JAX runs in mixed_bfloat16, a row per model (a
+    baseline's runs, profiles and runs on real ids left out)."""
+    import run_all
+
+    rows = []
+    for line in lines:
+        result = line.get("result")
+        if (not result or result["backend"] != "jax" or result["precision"] != "mixed_bfloat16"
+                or line["run"].startswith("before-") or line["run"].endswith("-profile")
+                or not result["ids"].startswith("zipf")):
+            continue
+        steps = PAPER_STEPS[result["config"]]
+        tokens = steps * PAPER_TOKENS_PER_STEP
+        seconds = tokens / result["tokens_per_s"]
+        rows.append((result["config"], f"{steps:,} × ~{PAPER_TOKENS_PER_STEP:,}",
+                     f"{tokens / 1e9:g} billion", f"{result['tokens_per_s']:,.0f}",
+                     f"{tokens / 1e9:g}e9 / {result['tokens_per_s']:,.0f} = {seconds:,.0f} s ≈ "
+                     f"{seconds / 3600:.1f} hours"))
+    return run_all.table(("model", "steps × target tokens per step", "tokens",
+                          "measured target tokens/s", "time"), rows)
+
+
 def gpu_before_after(kind, lines):
     """gpu_all.sh's JSON lines of a run with BEFORE: the JAX base model's rows, the
     baseline's (runs named "before-...") beside this commit's, by precision, then the run on

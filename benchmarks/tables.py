@@ -187,6 +187,7 @@ KINDS = {
     "headlines": records.headlines,  # README's results, a row each from its results file
     "gpu": records.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": records.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
+    "gpu_paper_time": records.gpu_paper_time,  # the same: the paper's training time per model
 }
 
 

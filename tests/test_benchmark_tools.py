@@ -564,7 +564,8 @@ def test_gpu_multi30ks_batches_follow_the_pipelines_bucket_plan():
 def test_a_gpu_run_with_its_baseline_makes_the_table_of_before_and_after(tables):
     """records.gpu_before_after: the JAX base runs of gpu_all.sh with BEFORE, the baseline
     beside this commit by precision, the run on real ids after, the profile and other
-    models left out, and the float16 rows' skipped steps."""
+    models left out, and the float16 rows' skipped steps; and records.gpu_paper_time, the
+    paper's training time at the same runs' rate."""
     def line(run, precision="mixed_bfloat16", ids="zipf 1.1", config="base", step=0.04):
         return {"run": run, "result": dict(
             backend="jax", config=config, precision=precision, ids=ids, steps=40,
@@ -582,3 +583,10 @@ def test_a_gpu_run_with_its_baseline_makes_the_table_of_before_and_after(tables)
         "| before (`before-jax-base-fp16`)", "| after (`jax-base-fp16`)"]
     assert rows[0].split(" | ")[3:] == ["100.0", "248,960", "– |"]
     assert rows[3].endswith("| 1 of 40 |")
+    # wmt14.md's table: the paper's steps at the bf16 JAX runs' rate, the rest left out.
+    rows = tables.records.gpu_paper_time("gpu_paper_time", lines).splitlines()[2:]
+    assert rows == [
+        "| base | 100,000 × ~25,000 | 2.5 billion | 622,400 | "
+        "2.5e9 / 622,400 = 4,017 s ≈ 1.1 hours |",
+        "| big | 300,000 × ~25,000 | 7.5 billion | 622,400 | "
+        "7.5e9 / 622,400 = 12,050 s ≈ 3.3 hours |"]

@@ -11,8 +11,10 @@ beam search (beam 4) on test2016.
 The defaults are the "Multi30k in an hour" recipe: a narrow, deep model
 (d_model 128, N 4, h 4, d_ff 512) with LayerNorm before each sublayer (`--norm-position
 pre`), dropout 0.3 and label smoothing 0.2, which scored higher on the validation split of
-both directions than the earlier post-norm with dropout 0.2 and label smoothing 0.1; two
-vocabularies of 8000 pieces (`--no-separate-vocabularies`: one shared), 8000 steps of 2048
+both directions than the earlier post-norm with dropout 0.2 and label smoothing 0.1; one
+vocabulary of 8000 pieces for both languages, whose embeddings the encoder, the decoder and
+the output share (§3.4; `--separate-vocabularies`: one per language), which scored higher on
+the validation split of both directions than two; 8000 steps of 2048
 tokens per side in batching buckets 4 tokens wide, the rate of eq. (3) cooled down linearly
 to 0 over the last 40% of the steps (a short run ends at a low rate), the last 5 checkpoints
 averaged, and the length penalty α picked on the validation split from 0.8, 1.0, 1.2, 1.4
@@ -20,9 +22,7 @@ averaged, and the length penalty α picked on the validation split from 0.8, 1.0
 over 2000 steps to twice the rate's peak there (`--lr-scale 2`: 1.41 times the default peak) and
 averages the last 10 checkpoints, which scored higher on its validation split than 8000 steps,
 the default warm-up and the last 5; it picks α from 0.8 to 1.8, since its validation split
-scored highest at 1.6; and it learns one vocabulary for both languages, whose embeddings the
-encoder, the decoder and the output share (§3.4), which scored 0.01 higher there than two.
-TensorFlow trains it fastest on a CPU.
+scored highest at 1.6. TensorFlow trains it fastest on a CPU.
 
     KERAS_BACKEND=tensorflow python -m recipes.multi30k --direction de-en [--data-dir FOLDER]
 """
@@ -35,7 +35,7 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 from keras_transformer_app.cli import errors, recipe
 from keras_transformer_app.cli.options import path
 
-DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=True,
+DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=False,
                 max_sentence_length=64, tokens_per_batch=2048, bucket_width=4,
                 steps=8000, epochs=None, checkpoint_every=200, warmup_steps=1000,
                 d_model=128, num_layers=4, num_heads=4, d_ff=512, norm_position="pre",
@@ -43,12 +43,11 @@ DEFAULTS = dict(preset="small", vocab_size=8000, separate_vocabularies=True,
                 tune_alpha=(0.8, 1.0, 1.2, 1.4))
 # English→German's own length and rate, picked on its validation split (docs/results.md's
 # trials): twice the steps, a warm-up twice as long to twice its peak (eq. 3 at step 2000, a
-# peak 1.41 times the default's), the last 10 checkpoints averaged (§6.1), α picked from a
-# grid that reaches past its best, 1.6, and one vocabulary for both languages (§3.4's shared
-# embeddings). Each applies unless given by hand (and --epochs replaces --steps, as it
-# replaces the default's).
+# peak 1.41 times the default's), the last 10 checkpoints averaged (§6.1), and α picked from a
+# grid that reaches past its best, 1.6. Each applies unless given by hand (and --epochs
+# replaces --steps, as it replaces the default's).
 EN_DE_DEFAULTS = dict(steps=16000, warmup_steps=2000, lr_scale=2.0, keep_checkpoints=10,
-                      tune_alpha=(0.8, 1.0, 1.2, 1.4, 1.6, 1.8), separate_vocabularies=False)
+                      tune_alpha=(0.8, 1.0, 1.2, 1.4, 1.6, 1.8))
 
 
 def add_data_options(parser):
@@ -87,9 +86,8 @@ def build_parser():
         "multi30k", "Train a Transformer on Multi30k German<->English (English->German: "
         f"{EN_DE_DEFAULTS['steps']} steps, a warm-up of {EN_DE_DEFAULTS['warmup_steps']} at "
         f"--lr-scale {EN_DE_DEFAULTS['lr_scale']:g}, the last "
-        f"{EN_DE_DEFAULTS['keep_checkpoints']} checkpoints averaged, alpha tuned up to "
-        f"{EN_DE_DEFAULTS['tune_alpha'][-1]:g} and one vocabulary for both languages by "
-        "default).", DEFAULTS,
+        f"{EN_DE_DEFAULTS['keep_checkpoints']} checkpoints averaged and alpha tuned up to "
+        f"{EN_DE_DEFAULTS['tune_alpha'][-1]:g} by default).", DEFAULTS,
         run_dir="runs/multi30k-DIRECTION")
     add_data_options(parser)
     return parser

@@ -330,7 +330,7 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     args = multi30k.parse_args([])
     assert (args.steps, args.epochs, args.tokens_per_batch, args.checkpoint_every) == (
         8000, None, 2048, 200)
-    assert (args.vocab_size, args.separate_vocabularies, args.bucket_width) == (8000, True, 4)
+    assert (args.vocab_size, args.separate_vocabularies, args.bucket_width) == (8000, False, 4)
     assert (args.d_model, args.num_layers, args.num_heads, args.d_ff, args.dropout_rate) == (
         128, 4, 4, 512, 0.3)
     assert args.cooldown_steps == "40%" and cooldown_steps(args.cooldown_steps, 8000) == 3200
@@ -341,7 +341,7 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert multi30k.parse_args(["--alpha=0.6", "--tune-alpha", "0.6,1"]).tune_alpha == (0.6, 1.0)
     assert multi30k.parse_args(["--no-tune-alpha"]).tune_alpha is None
     assert multi30k.parse_args(["--cooldown-steps", "300"]).cooldown_steps == 300
-    assert multi30k.parse_args(["--no-separate-vocabularies"]).separate_vocabularies is False
+    assert multi30k.parse_args(["--separate-vocabularies"]).separate_vocabularies is True
     assert recipe.build_parser("x", "", {}).parse_args([]).separate_vocabularies is False
     assert cooldown_steps("12.5%", 200) == 25
     # Pre-norm, dropout 0.3 and label smoothing 0.2 in both directions (their trials), each
@@ -370,11 +370,13 @@ def test_multi30k_defaults_are_the_one_hour_recipe():
     assert (en_de.steps, en_de.warmup_steps, en_de.lr_scale, en_de.keep_checkpoints) == (
         16000, 2000, 2.0, 10)
     assert en_de.tune_alpha == (0.8, 1.0, 1.2, 1.4, 1.6, 1.8)
-    # One vocabulary for both languages, its embeddings shared (§3.4); either spelling of
-    # the option given by hand wins, as does --no-tune-alpha.
-    assert (args.separate_vocabularies, en_de.separate_vocabularies) == (True, False)
-    shared = recipe.model_config(en_de, ["--direction", "en-de"])
-    assert shared.share_embeddings and shared.target_vocab_size is None
+    # One vocabulary for both languages in both directions, its embeddings shared (§3.4);
+    # either spelling of the option given by hand wins, as does --no-tune-alpha.
+    assert (args.separate_vocabularies, en_de.separate_vocabularies) == (False, False)
+    for direction in ("de-en", "en-de"):
+        shared = recipe.model_config(multi30k.parse_args(["--direction", direction]),
+                                     ["--direction", direction])
+        assert shared.share_embeddings and shared.target_vocab_size is None
     for flag, separate in (("--separate-vocabularies", True),
                            ("--no-separate-vocabularies", False)):
         argv = ["--direction", "en-de", flag]
@@ -422,15 +424,15 @@ def test_a_preset_given_replaces_the_recipes_own_model(module, argv, preset):
     ("source_tokenizer", "separate_vocabularies=True", "--separate-vocabularies")])
 def test_a_run_directory_keeps_the_vocabulary_layout_it_was_trained_with(
         tmp_path, trained, option, flag):
-    """A run of the earlier shared-vocabulary default, resumed under today's
-    separate default (or the other way round), is refused before anything is
+    """A run of the earlier separate-vocabulary default, resumed under today's
+    shared default (or the other way round), is refused before anything is
     learned or trained, and the message names the option that resumes it: on the
     command line its flag alone (it once read "--no-separate-vocabularies False")."""
     from keras_transformer_app.cli import errors
     os.makedirs(tmp_path / trained)
     (tmp_path / trained / "tokenizer.json").write_text("{}")
     args = multi30k.parse_args(["--run-dir", str(tmp_path)] + (
-        ["--no-separate-vocabularies"] if trained == "source_tokenizer" else []))
+        ["--separate-vocabularies"] if trained == "tokenizer" else []))
     corpus = synthetic_translation(10, seed=0)
     with pytest.raises(ValueError, match=f"trained with .*: resume it with {option},") as raised:
         learn_or_load_tokenizers(args.run_dir, corpus, args.vocab_size,

@@ -5,7 +5,7 @@ search, many trials side by side, to learn in minutes what a CPU learns in hours
 Three steps, the first and the last on a machine with the project installed:
 
     python benchmarks/gpu_multi30k.py prepare --data-dir ../shared/data/multi30k --out DATA
-    python benchmarks/gpu_multi30k.py train --data DATA/separate-8000.npz --out OUT --name N [...]
+    python benchmarks/gpu_multi30k.py train --data DATA/shared-8000.npz --out OUT --name N [...]
     python benchmarks/gpu_multi30k.py score --data-dir ../shared/data/multi30k --prepared DATA OUT
 
 `prepare` learns the recipe's SentencePiece vocabularies (`vocabulary.learn_or_load_tokenizers`,
@@ -21,12 +21,12 @@ lower-cased BLEU and reads test2016 at that α alone, as the recipe does (`scori
 `scoring.evaluate_split`), and prints one row per trial (`--json` adds them to a JSON-lines
 file).
 
-On one H200 (benchmarks/gpu_runs/h200-multi30k/), the English→German defaults train 16,000
-steps in about 3 minutes with two trials side by side, after a first compile of the 16 bucket
-shapes; eight side by side spent 6 minutes compiling at once and then shared the GPU at a
-quarter of the speed. Run two or three at a time, with JAX's compilation cache
-(`JAX_COMPILATION_CACHE_DIR`): a trial whose model, length and schedule repeat an earlier one's
-compiles nothing.
+On one H200 (benchmarks/gpu_runs/h200-multi30k/), the English→German defaults of the time
+(two vocabularies, `separate-8000`) train 16,000 steps in about 3 minutes with two trials side
+by side, after a first compile of the 16 bucket shapes; eight side by side spent 6 minutes
+compiling at once and then shared the GPU at a quarter of the speed. Run two or three at a
+time, with JAX's compilation cache (`JAX_COMPILATION_CACHE_DIR`): a trial whose model, length
+and schedule repeat an earlier one's compiles nothing.
 
 What differs from the recipe: the batches come from NumPy, not tf.data (the same plan, another
 order), no validation loss is computed, and nothing is saved but the ids. A trial here is a
@@ -259,8 +259,9 @@ def build_parser():
     p = commands.add_parser("prepare", help="vocabularies and ids (needs TensorFlow)")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--vocabularies", nargs="+", default=["separate-8000"],
-                   help="layouts LAYOUT-SIZE, LAYOUT separate or shared")
+    p.add_argument("--vocabularies", nargs="+", default=["shared-8000"],
+                   help="layouts LAYOUT-SIZE, LAYOUT separate or shared "
+                        "(the recipe's: shared-8000)")
     for q in (p, s := commands.add_parser("score", help="BLEU of the trials' ids")):
         q.add_argument("--direction", choices=("de-en", "en-de"), default="en-de")
     p.add_argument("--lowercase", action="store_true")

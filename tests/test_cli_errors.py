@@ -146,7 +146,7 @@ RECIPES = [
     (multi30k, ["--data-dir", "{dir}/missing", "--steps", "1"], "argument --data-dir: ", True),
     (multi30k, ["--data-dir", "{dir}/empty_run", "--steps", "1"], "Multi30k file train.de",
      False),
-    (multi30k, ["--data-dir", "{multi30k}", "--run-dir", "{dir}/run", "--train-limit", "300",
+    (multi30k, ["--data-dir", "{multi30k}", "--run-dir", "{dir}/run", "--train-limit", "150",
                 "--steps", "2", "--no-export"],
      "--vocab-size 8000 is more than SentencePiece can learn from these 300 sentences", False),
     (multi30k, ["--direction", "fr-en"], "argument --direction: invalid choice", True),
@@ -279,8 +279,9 @@ def test_an_import_error_inside_the_package_keeps_its_traceback():
 
 
 def test_a_smoke_run_with_too_large_a_vocabulary_is_one_line_in_a_real_process(tmp_path):
-    """The issue's reproduction: --train-limit 300 with the default --vocab-size."""
-    command = [sys.executable, "-m", "recipes.multi30k", "--train-limit", "300", "--steps", "2",
+    """The issue's reproduction: a few pairs with the default --vocab-size (150 pairs: the
+    300 sentences of both languages that the shared vocabulary learns from)."""
+    command = [sys.executable, "-m", "recipes.multi30k", "--train-limit", "150", "--steps", "2",
                "--no-export", "--data-dir", shared_data("multi30k"),
                "--run-dir", str(tmp_path / "run")]
     environment = {k: v for k, v in os.environ.items()
@@ -292,7 +293,7 @@ def test_a_smoke_run_with_too_large_a_vocabulary_is_one_line_in_a_real_process(t
     assert line.startswith("error: --vocab-size 8000 is more than SentencePiece can learn from "
                            "these 300 sentences: at most ")
     assert "--vocab-size" in line
-    assert not os.path.exists(tmp_path / "run" / "source_tokenizer")
+    assert not os.path.exists(tmp_path / "run" / "tokenizer")
 
 
 def test_a_gzipped_file_that_is_not_gzip_is_one_line(files, run_dir, capsys):

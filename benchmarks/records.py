@@ -173,8 +173,8 @@ def quickstart(kind, record):
            evaluations,
            f"{record['exact_match']:.1%} / {record['bleu']:.2f}",
            f"{averaged['exact_match']:.1%} / {averaged['bleu']:.2f}")
-    return (f"`{made['command']}` at commit `{made['commit']}`, on {made['cores']} cores of "
-            f"{made['cpu']} ({made['isa']}):\n\n" + run_all.table(
+    machine = f"{made['cpu']} ({made['isa']})"
+    return (f"{_ran(made, machine)}:\n\n" + run_all.table(
                 ("start to exported model", f"training ({record['steps']} steps)",
                  f"evaluation (2 × {record['test_sentences']} sentences)",
                  "exact match / BLEU", "averaged model: exact match / BLEU"), [row]))
@@ -200,9 +200,14 @@ def recipe_run(kind, record):
         row.append(bleu(record["per_pair"]))
     header += ["averaged", "α"]
     row += [bleu(averaged), f"{record['alpha']:g}"]
-    return (f"`{made['command']}` at commit `{made['commit']}`, on {made['cores']} cores of "
-            f"{_machine(made)}, under {BACKEND_NAMES[record['backend']]}:\n\n"
+    return (f"{_ran(made, _machine(made))}, under {BACKEND_NAMES[record['backend']]}:\n\n"
             + run_all.table(header, [row]))
+
+
+def _ran(made, machine):
+    """"`COMMAND` at commit `C`, on N cores of MACHINE": where a recorded run ran."""
+    return (f"`{made['command']}` at commit `{made['commit']}`, on {made['cores']} cores of "
+            f"{machine}")
 
 
 def _machine(made, article=True):

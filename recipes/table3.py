@@ -9,7 +9,8 @@ the configs of `keras_transformer.config.table3_variants` on the base row given 
 (E) learned positions. They share one vocabulary. Each trains in `RUN_DIR/VARIANT/`
 with checkpoints, so a run started again skips finished variants and resumes the
 current one (whose time budget starts over). The table goes to `RUN_DIR/results.md`
-(and `.json`, and a bar chart `results.png`).
+(and `.json`, with the commit, command and machine of the run, and a bar chart
+`results.png`).
 
     python -m recipes.table3 --minutes 5 --eval-limit 400      # all the variants
     python -m recipes.table3 --variants base,heads1,heads16 --minutes 5
@@ -84,7 +85,7 @@ def main(argv=None):
     import keras
 
     from keras_transformer import TransformerConfig, saving
-    from keras_transformer_app import plots
+    from keras_transformer_app import plots, provenance
     from keras_transformer_app.training import variants
     from keras_transformer_app.training.vocabulary import learn_or_load_tokenizers
 
@@ -97,7 +98,7 @@ def main(argv=None):
         vocab_size=tokenizer.vocab_size, num_layers=args.num_layers, d_model=args.d_model,
         num_heads=args.num_heads, d_ff=args.d_ff, max_length=args.max_sentence_length,
         warmup_steps=args.warmup_steps)
-    rows = []
+    rows, made = [], provenance.record()
     for name, (group, config) in table3_variants(base, names).items():
         print(f"== Table 3 variant {name} ({group or 'base'}), {args.minutes:g} min budget")
         rows.append(variants.train_and_measure(
@@ -107,7 +108,8 @@ def main(argv=None):
             max_sentence_length=args.max_sentence_length,
             tokens_per_batch=args.tokens_per_batch, beam_size=args.beam_size, alpha=args.alpha,
             eval_limit=args.eval_limit, seed=args.seed, verbose=args.verbose))
-        saving.write_json(os.path.join(args.run_dir, "results.json"), rows)
+        saving.write_json(os.path.join(args.run_dir, "results.json"),
+                          {"provenance": made, "minutes": args.minutes, "variants": rows})
         saving.write_text(os.path.join(args.run_dir, "results.md"),
                              variants.markdown(rows) + "\n")
         plots.plot_variants(os.path.join(args.run_dir, "results.png"), rows,

@@ -272,6 +272,10 @@ def test_table3_smoke_run_tabulates_the_variants_and_skips_finished_ones(tmp_pat
     assert len(table.splitlines()) == 2 + 2
     assert "| heads1 | A | 1 | 32 | 64 | 1 | 32 | 32 |" in table
     assert (run_dir / "results.png").stat().st_size > 0
+    # The results file names where it was made (benchmarks/records.py's table3 reads it).
+    written = json.loads((run_dir / "results.json").read_text())
+    assert written["variants"] == rows and written["minutes"] == 8.0
+    assert {"commit", "command", "cpu", "isa", "cores"} <= set(written["provenance"])
     # Finished variants are read back, not trained again.
     assert table3.main(arguments) == rows
 

@@ -1,6 +1,7 @@
 """The tables made from the records of finished training runs (`tables.py --record`: a
-table of trials, distributed.md's table of clusters, the quickstart's table) and from
-`wmt14_scale.py --output` runs; `benchmarks/tables.py` writes and checks them, by kind."""
+table of trials, distributed.md's table of clusters, the quickstart's table), from
+`wmt14_scale.py --output` runs and from `recipes.table3`'s results; `benchmarks/tables.py`
+writes and checks them, by kind."""
 
 import json
 import os
@@ -202,6 +203,48 @@ def recipe_run(kind, record):
     row += [bleu(averaged), f"{record['alpha']:g}"]
     return (f"{_ran(made, _machine(made))}, under {BACKEND_NAMES[record['backend']]}:\n\n"
             + run_all.table(header, [row]))
+
+
+# Table 3's columns of a variant's shape: (key of a row, its name in the "change" cell).
+_TABLE3_FIELDS = (("N", "N"), ("d_model", "d_model"), ("d_ff", "d_ff"), ("h", "h"),
+                  ("d_k", "d_k"), ("d_v", "d_v"), ("dropout", "P_drop"),
+                  ("label_smoothing", "ε_ls"), ("positions", "positions"))
+
+
+def table3(kind, results):
+    """`recipes.table3`'s results.json: its command, commit and machine, then a row per
+    variant: its Table 3 row, what it changes from the base row (the base row: all of its
+    shape), parameters, steps in its minutes, dev perplexity and BLEU cased / lower-cased."""
+    import run_all
+
+    made, rows = results["provenance"], results["variants"]
+    base = next(row for row in rows if not row["group"])
+
+    def change(row):
+        differ = [key for key, _ in _TABLE3_FIELDS if row is base or row[key] != base[key]]
+        cells = []
+        for key, name in _TABLE3_FIELDS:
+            if key not in differ or (key == "d_v" and "d_k" in differ
+                                     and row["d_v"] == row["d_k"]):
+                continue
+            if key == "positions":
+                cells.append(f"{row[key]} positions")
+            elif key == "d_k" and "d_v" in differ and row["d_v"] == row["d_k"]:
+                cells.append(f"d_k=d_v={row[key]:g}")
+            else:
+                cells.append(f"{name}={row[key]:g}")
+        return ", ".join(cells)
+
+    table = run_all.table(
+        ("variant", "Table 3 row", "change", "parameters", f"steps in {results['minutes']:g} min",
+         "dev PPL", "dev BLEU cased / lower-cased"),
+        [(row["variant"], row["group"] or "base", change(row), f"{row['parameters']:,}",
+          row["steps"], f"{row['dev_perplexity']:.1f}",
+          f"{row['dev_bleu']:.2f} / {row['dev_bleu_lowercase']:.2f}") for row in rows])
+    sentences = {row["dev_sentences"] for row in rows}
+    return (f"{_ran(made, _machine(made))}, under {BACKEND_NAMES[base['backend']]}; BLEU on "
+            f"the first {'/'.join(map(str, sorted(sentences)))} validation sentences:\n\n"
+            + table)
 
 
 def _ran(made, machine):

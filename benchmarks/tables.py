@@ -23,8 +23,9 @@ A table of trials (`trials`) is made from a folder of such records, a row each, 
 order of their names, and so is distributed.md's table of one process against a cluster
 (`clusters`); the quickstart's table (`quickstart`) from one, recorded with
 `--wall-seconds`, the whole command's time as `/usr/bin/time` gave it; wmt14.md's from a
-folder of `wmt14_scale.py --output` files; the GPU's table (`gpu`) from gpu_all.sh's
-`results.jsonl`. Those kinds are in benchmarks/records.py.
+folder of `wmt14_scale.py --output` files; results.md's Table 3 (`table3`) from a copy of
+`recipes.table3`'s results.json; the GPU's table (`gpu`) from gpu_all.sh's `results.jsonl`.
+Those kinds are in benchmarks/records.py.
 """
 
 import os
@@ -182,6 +183,7 @@ KINDS = {
     "decoding_peers": _decoding_peers,  # a folder of decoding.py --ctranslate2 runs
     "quickstart": records.quickstart,  # the quickstart's record (--record ... --wall-seconds)
     "recipe_run": records.recipe_run,  # one recipe run's record (--record): its test BLEU
+    "table3": records.table3,  # recipes.table3's results.json: a row per variant
     "clusters": records.clusters,  # a folder of records: distributed.md's runs, a row each
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
     "headlines": records.headlines,  # README's results, a row each from its results file

@@ -434,6 +434,38 @@ def test_a_recipe_runs_table_is_made_from_its_record(tables):
     assert text.endswith("| 29.71 / 30.32 | 28.29 / 28.94 | 18.86 / 19.29 | 0.6 |")
 
 
+def test_table3s_table_says_what_each_variant_changes_from_the_base_row(tables):
+    """recipes.table3's results make results.md's table: the base row gives its whole shape,
+    every other row only what differs from it (d_k=d_v together where both moved to one
+    value, d_k alone where d_v stayed)."""
+    made = {"command": "python -m recipes.table3 --minutes 5", "commit": "abc1234", "cores": 2,
+            "cpu": "AMD EPYC 7B13", "isa": "AVX2"}
+    base = {"variant": "base", "group": "", "N": 3, "d_model": 256, "d_ff": 1024, "h": 4,
+            "d_k": 64, "d_v": 64, "dropout": 0.1, "label_smoothing": 0.1,
+            "positions": "sinusoidal", "parameters": 7585600, "steps": 284,
+            "dev_perplexity": 37.512, "dev_bleu": 10.671, "dev_bleu_lowercase": 10.96,
+            "dev_sentences": 400, "backend": "jax"}
+    rows = [base, {**base, "variant": "heads1", "group": "A", "h": 1, "d_k": 256, "d_v": 256},
+            {**base, "variant": "key_dim_half", "group": "B", "d_k": 32},
+            {**base, "variant": "d_model_half", "group": "C", "d_model": 128, "d_k": 32,
+             "d_v": 32},
+            {**base, "variant": "learned_positions", "group": "E", "positions": "learned"}]
+    text = tables.KINDS["table3"]("table3", {"provenance": made, "minutes": 5,
+                                             "variants": rows})
+    assert text.startswith("`python -m recipes.table3 --minutes 5` at commit `abc1234`, on 2 "
+                           "cores of an AMD EPYC 7B13 (AVX2), under JAX; BLEU on the first "
+                           "400 validation sentences:")
+    lines = text.splitlines()
+    assert "| variant | Table 3 row | change | parameters | steps in 5 min |" in lines[2]
+    assert lines[4:] == [
+        "| base | base | N=3, d_model=256, d_ff=1024, h=4, d_k=d_v=64, P_drop=0.1, ε_ls=0.1, "
+        "sinusoidal positions | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |",
+        "| heads1 | A | h=1, d_k=d_v=256 | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |",
+        "| key_dim_half | B | d_k=32 | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |",
+        "| d_model_half | C | d_model=128, d_k=d_v=32 | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |",
+        "| learned_positions | E | learned positions | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |"]
+
+
 def test_a_results_file_records_its_commit_command_and_machine(common, tmp_path, capsys):
     output = tmp_path / "results.json"
     common.write_results({"benchmark": "x"}, str(output))

@@ -35,7 +35,7 @@ COMMAND = re.compile(r"benchmarks/(\w+)\.py|recipes\.(\w+)|keras-transformer (\w
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 # The scripts that write tables from results files: named in a section, or imported by a
 # benchmark that prints its table as a page has it, they measured nothing.
-WRITERS = {"tables", "records"}
+WRITERS = {"tables", "records", "gpu_tables"}
 WRITER_FILES = {f"benchmarks/{name}.py" for name in WRITERS}
 # The program's folders: what a section with no command measured.
 PROGRAM = ("keras_transformer", "keras_transformer_app", "recipes", "benchmarks")

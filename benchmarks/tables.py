@@ -24,8 +24,9 @@ order of their names, and so is distributed.md's table of one process against a 
 (`clusters`); the quickstart's table (`quickstart`) from one, recorded with
 `--wall-seconds`, the whole command's time as `/usr/bin/time` gave it; wmt14.md's from a
 folder of `wmt14_scale.py --output` files; results.md's Table 3 (`table3`) from a copy of
-`recipes.table3`'s results.json; the GPU's table (`gpu`) from gpu_all.sh's `results.jsonl`.
-Those kinds are in benchmarks/records.py.
+`recipes.table3`'s results.json: those kinds are in benchmarks/records.py. The GPU's tables
+(`gpu` and the two after it in `KINDS`) are made from gpu_all.sh's `results.jsonl` by
+benchmarks/gpu_tables.py.
 """
 
 import os
@@ -37,7 +38,8 @@ REPOSITORY = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-import records  # noqa: E402  (beside this file)
+import gpu_tables  # noqa: E402  (beside this file)
+import records  # noqa: E402
 from records import BACKEND_NAMES, record  # noqa: E402  (`tables.record`: --record's)
 
 BEGIN = re.compile(r"^<!-- generated from (?P<source>\S+) \((?P<kind>[\w.]+)\) by "
@@ -187,9 +189,9 @@ KINDS = {
     "clusters": records.clusters,  # a folder of records: distributed.md's runs, a row each
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
     "headlines": records.headlines,  # README's results, a row each from its results file
-    "gpu": records.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
-    "gpu_before_after": records.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
-    "gpu_paper_time": records.gpu_paper_time,  # the same: the paper's training time per model
+    "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
+    "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
+    "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model
 }
 
 

@@ -594,9 +594,9 @@ def test_gpu_multi30ks_batches_follow_the_pipelines_bucket_plan():
 
 
 def test_a_gpu_run_with_its_baseline_makes_the_table_of_before_and_after(tables):
-    """records.gpu_before_after: the JAX base runs of gpu_all.sh with BEFORE, the baseline
+    """gpu_tables.gpu_before_after: the JAX base runs of gpu_all.sh with BEFORE, the baseline
     beside this commit by precision, the run on real ids after, the profile and other
-    models left out, and the float16 rows' skipped steps; and records.gpu_paper_time, the
+    models left out, and the float16 rows' skipped steps; and gpu_tables.gpu_paper_time, the
     paper's training time at the same runs' rate."""
     def line(run, precision="mixed_bfloat16", ids="zipf 1.1", config="base", step=0.04):
         return {"run": run, "result": dict(
@@ -608,7 +608,7 @@ def test_a_gpu_run_with_its_baseline_makes_the_table_of_before_and_after(tables)
              line("jax-base-fp16", "mixed_float16"), {"run": "x", "wall_s": 3},
              line("before-jax-base-fp16", "mixed_float16", step=0.1),
              line("jax-base-bf16-real-ids", ids="ids.npy", step=0.032)]
-    rows = tables.records.gpu_before_after("gpu_before_after", lines).splitlines()[2:]
+    rows = tables.gpu_tables.gpu_before_after("gpu_before_after", lines).splitlines()[2:]
     assert [row.split(" | ")[0] for row in rows] == [
         "| before (`before-jax-base-bf16`)", "| after (`jax-base-bf16`)",
         "| after, ids of real text (`jax-base-bf16-real-ids`)",
@@ -616,7 +616,7 @@ def test_a_gpu_run_with_its_baseline_makes_the_table_of_before_and_after(tables)
     assert rows[0].split(" | ")[3:] == ["100.0", "248,960", "– |"]
     assert rows[3].endswith("| 1 of 40 |")
     # wmt14.md's table: the paper's steps at the bf16 JAX runs' rate, the rest left out.
-    rows = tables.records.gpu_paper_time("gpu_paper_time", lines).splitlines()[2:]
+    rows = tables.gpu_tables.gpu_paper_time("gpu_paper_time", lines).splitlines()[2:]
     assert rows == [
         "| base | 100,000 × ~25,000 | 2.5 billion | 622,400 | "
         "2.5e9 / 622,400 = 4,017 s ≈ 1.1 hours |",

@@ -218,7 +218,10 @@ def table3(kind, results):
     import run_all
 
     made, rows = results["provenance"], results["variants"]
-    base = next(row for row in rows if not row["group"])
+    base = next((row for row in rows if not row["group"]), None)
+    if base is None:  # what each row changes is read against it
+        raise ValueError(f"table3's results of {made['command']!r} hold no base row: run the "
+                         "variants with `base` among them")
 
     def change(row):
         differ = [key for key, _ in _TABLE3_FIELDS if row is base or row[key] != base[key]]

@@ -464,6 +464,9 @@ def test_table3s_table_says_what_each_variant_changes_from_the_base_row(tables):
         "| key_dim_half | B | d_k=32 | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |",
         "| d_model_half | C | d_model=128, d_k=d_v=32 | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |",
         "| learned_positions | E | learned positions | 7,585,600 | 284 | 37.5 | 10.67 / 10.96 |"]
+    with pytest.raises(ValueError, match="hold no base row"):
+        tables.KINDS["table3"]("table3", {"provenance": made, "minutes": 5,
+                                          "variants": rows[1:]})
 
 
 def test_a_results_file_records_its_commit_command_and_machine(common, tmp_path, capsys):

@@ -224,18 +224,16 @@ def table3(kind, results):
                          "variants with `base` among them")
 
     def change(row):
-        differ = [key for key, _ in _TABLE3_FIELDS if row is base or row[key] != base[key]]
+        differ = {key for key, _ in _TABLE3_FIELDS if row is base or row[key] != base[key]}
+        together = {"d_k", "d_v"} <= differ and row["d_k"] == row["d_v"]  # one cell for both
         cells = []
         for key, name in _TABLE3_FIELDS:
-            if key not in differ or (key == "d_v" and "d_k" in differ
-                                     and row["d_v"] == row["d_k"]):
+            if key not in differ or (together and key == "d_v"):
                 continue
             if key == "positions":
                 cells.append(f"{row[key]} positions")
-            elif key == "d_k" and "d_v" in differ and row["d_v"] == row["d_k"]:
-                cells.append(f"d_k=d_v={row[key]:g}")
             else:
-                cells.append(f"{name}={row[key]:g}")
+                cells.append(f"{'d_k=d_v' if together and key == 'd_k' else name}={row[key]:g}")
         return ", ".join(cells)
 
     table = run_all.table(

@@ -12,7 +12,7 @@ tests/test_tiers.py checks that every test runs in exactly one of those places.
 
 Hypothesis runs with its default profile (random examples, an example
 database under .hypothesis/) on a workstation. In CI (the CI environment
-variable set, as CI does with CI=true; see `helpers.in_ci`) it runs the "ci"
+variable set, as CI does with CI=true; see `tiers.in_ci`) it runs the "ci"
 profile: derandomized, so every run tries the same examples, with no
 database, no deadline (an example's first call compiles and is slow), and the
 reproduction blob of a failure printed.
@@ -50,17 +50,17 @@ _FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters"
 if _FUSION_EMITTERS not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += f" {_FUSION_EMITTERS}=false"
 
+import importlib.metadata  # noqa: E402
 import types  # noqa: E402
 
-import keras  # noqa: E402
 import pytest  # noqa: E402
 from _pytest.doctest import DoctestItem  # noqa: E402
-from helpers import BACKENDS, COLLECTED, built_once, in_ci, runs_in  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+from tiers import BACKENDS, COLLECTED, in_ci, runs_in  # noqa: E402
 
-import keras_transformer as kt  # noqa: E402
-from keras_transformer import saving  # noqa: E402
-from keras_transformer.data.toy_tasks import ToyVocabulary, reverse_task  # noqa: E402
+# Keras, the library and the tests' helpers are imported by the hooks and fixtures that use
+# them, not here: under pytest-xdist, pytest's own process only starts the workers, and an
+# import of Keras there came before every worker started (tests/tiers.py).
 
 # Replaces the "ci" profile that recent Hypothesis versions register and load
 # whenever CI is in the environment, even as CI=false, so the choice follows
@@ -169,6 +169,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Leaves out the tests of the other tier, and those marked `once` for another
     backend's pass; puts the long files first."""
+    import keras
+
     backend, walk = keras.backend.backend(), config.getoption("walk")
     kept, left_out, collected = [], [], {}
     for item in items:
@@ -193,6 +195,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
     """Each test starts with a fixed seed and float32, whatever the last one set."""
+    import keras
+
     keras.utils.set_random_seed(1234)
     keras.config.set_dtype_policy("float32")
     yield
@@ -202,7 +206,10 @@ def _fresh_keras_state():
 
 
 def pytest_report_header(config):
-    header = f"keras {keras.__version__}, backend {keras.backend.backend()}"
+    """Keras's version and the KERAS_BACKEND the pass was given, read without importing
+    Keras (see the imports above)."""
+    backend = os.environ.get("KERAS_BACKEND", "not set (Keras reads keras.json)")
+    header = f"keras {importlib.metadata.version('keras')}, KERAS_BACKEND {backend}"
     return header + (", hypothesis profile ci" if in_ci() else "")
 
 
@@ -214,6 +221,8 @@ def _tensorflow_trains_without_xla_unless_asked(request, monkeypatch):
     most of their time. They train without it; a test of the XLA path itself is marked
     `@pytest.mark.xla` (and the recipes' processes, the docs' snippets and the
     benchmarks keep the library's choice)."""
+    import keras
+
     if keras.backend.backend() == "tensorflow" and request.node.get_closest_marker("xla") is None:
         from keras_transformer import backend
 
@@ -226,6 +235,8 @@ class _OneTorchThread:
     two spinning OpenMP threads make training several times slower."""
 
     def __enter__(self):
+        import keras
+
         self._threads = None
         if keras.backend.backend() == "torch":
             import torch
@@ -254,6 +265,13 @@ def reversal(tmp_path_factory):
     (id lists, EOS included). Sequences of 1 to 5 of 6 words repeat: about
     two thirds of the held-out ones also occur in the training set.
     """
+    import keras
+    from helpers import built_once
+
+    import keras_transformer as kt
+    from keras_transformer import saving
+    from keras_transformer.data.toy_tasks import ToyVocabulary, reverse_task
+
     vocabulary, max_sentence_length = ToyVocabulary(10), 5
 
     def training_set():

@@ -36,6 +36,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from tiers import in_ci
 
 import keras_transformer as kt
 from keras_transformer.data.corpora import synthetic_translation
@@ -267,12 +268,6 @@ class CharTokenizer:
                         if int(i) not in self.special_ids) for ids in id_lists]
 
 
-def in_ci():
-    """Whether the tests run in CI (the CI environment variable is set, and not
-    to "0" or "false")."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def require(module):
     """The module `module`, imported; a test that needs it skips when it is not
     installed, except in CI, where `.ci/run` installs every extra and a missing
@@ -379,18 +374,3 @@ def built_once(tmp_path_factory, name, build):
             build(folder)
             (folder / ".complete").touch()
     return folder
-
-
-BACKENDS = ("tensorflow", "jax", "torch")
-# {node id: its markers} of every collected test, before any is left out by tier or by
-# backend (tests/conftest.py); tests/test_tiers.py reads it.
-COLLECTED = pytest.StashKey[dict]()
-
-
-def runs_in(markers, backend, walk):
-    """Whether a test with these marker names and `once` backend ({name: args}) runs in
-    the suite's pass of `backend` (walk False) or in the walk (walk True, any backend)."""
-    if "walk" in markers:
-        return walk
-    once = markers.get("once")
-    return not walk and (once is None or once[0] == backend)

@@ -5,7 +5,8 @@ walk through the pages), and .ci/run runs the README's commands for both tiers a
 import re
 
 import pytest
-from helpers import BACKENDS, COLLECTED, REPOSITORY, runs_in
+from helpers import REPOSITORY
+from tiers import BACKENDS, COLLECTED, runs_in
 
 pytestmark = pytest.mark.once("jax")  # reads markers and files, not the backend
 

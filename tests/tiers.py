@@ -1,8 +1,8 @@
 """Where and how the tests run: the backends' passes of the suite, the walk through the
 pages, and CI. Plain Python and pytest only: tests/conftest.py reads it in pytest's own
 process, which under pytest-xdist only starts the workers and need not import Keras (a
-pass of no tests on 2 workers took 19.0 and 19.8 s with it, 12.6 and 12.7 s without; AMD
-EPYC with AVX2)."""
+pass of no tests on 2 workers took 19.0 and 19.8 s when that process imported Keras, 12.6
+and 12.7 s when it did not; AMD EPYC with AVX2)."""
 
 import os
 

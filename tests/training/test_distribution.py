@@ -1,9 +1,8 @@
 """keras_transformer_app/training/distribution.py on 4 virtual CPU devices: data (and,
 on JAX, model) parallel training, fed as training/run.py feeds it (`Distributed.feed`),
 gives the loss of one device with the same global batch, and the model-parallel layout
-really splits the weights; the
-cluster that the environment names, and what a cluster refuses (the clusters
-themselves train in tests/test_multiprocess.py).
+really splits the weights; the cluster that the environment names, and what a cluster
+refuses (the clusters themselves train in tests/test_multiprocess.py).
 
 Devices are split before the backend starts, so each case runs in a fresh
 process for the backend under test."""

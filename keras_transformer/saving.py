@@ -189,7 +189,7 @@ PARTIAL_PREFIX = ".partial-"
 
 
 @contextlib.contextmanager
-def atomic_path(final_path, overwrite=True):
+def atomic_path(final_path, overwrite=True, size=None):
     """Yields a temporary path to write a file or a folder into; renames it to
     `final_path` when the block ends without an error, and removes it
     otherwise.
@@ -204,10 +204,16 @@ def atomic_path(final_path, overwrite=True):
         overwrite: Whether an existing file (or empty folder) at `final_path`
             may be replaced; with False, one that exists when the write ends
             raises `FileExistsError` and nothing is replaced.
+        size: The bytes the write needs, when known: with less room than that
+            where `final_path` goes, the write is refused before it starts,
+            with the error a full disk gives (HDF5, whose write fails half-way,
+            can crash the process at its exit: `_release_hdf5_files`).
     """
     final_path = os.path.abspath(os.fspath(final_path))
     directory, name = os.path.split(final_path)
     os.makedirs(directory, exist_ok=True)
+    if size is not None and shutil.disk_usage(directory).free < size:
+        raise _no_space(final_path)
     partial = os.path.join(directory, f"{PARTIAL_PREFIX}{os.getpid()}-{name}")
     _remove(partial)
     try:
@@ -243,9 +249,7 @@ def _write_failure(error, partial, final_path):
     under `partial`: one line naming `final_path`; None when `error` is not a
     failure of the write itself (a bug, a signal, a model that cannot be saved)."""
     if is_disk_full(error):
-        free = shutil.disk_usage(os.path.dirname(final_path)).free
-        return OSError(errno.ENOSPC, f"{_NO_SPACE} to write {final_path} ({_megabytes(free)} "
-                                     "free there): free some space, or write to another disk")
+        return _no_space(final_path)
     if isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM,
                                                        errno.EDQUOT, errno.EIO):
         reason = error.strerror or os.strerror(error.errno)
@@ -253,6 +257,12 @@ def _write_failure(error, partial, final_path):
     if isinstance(error, OSError) and partial in str(error):
         return type(error)(error.errno, str(error).replace(partial, final_path))
     return None
+
+
+def _no_space(final_path):
+    free = shutil.disk_usage(os.path.dirname(final_path)).free
+    return OSError(errno.ENOSPC, f"{_NO_SPACE} to write {final_path} ({_megabytes(free)} "
+                                 "free there): free some space, or write to another disk")
 
 
 def _megabytes(size):
@@ -265,7 +275,10 @@ def _release_hdf5_files(path):
     A `.weights.h5` write that fails (a full disk) leaves HDF5 holding the file
     with unwritten metadata: its cleanup at exit writes again, fails, and the
     process ends in a segmentation fault. Truncating the file first gives that
-    last flush room, and the file is removed next in any case.
+    last flush room, and the file is removed next in any case. Under JAX, the
+    failed write's groups and datasets are let go while the disk is still full
+    ("Can't decrement id ref count"), and the process can still crash at its
+    exit: a write whose size is known checks the room first (`atomic_path`).
     """
     import sys
 

@@ -1,6 +1,7 @@
 """The run directory: names, atomic writes, which model is the model, loading."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +81,18 @@ def test_a_write_that_fails_keeps_the_previous_file(tmp_path):
             raise OSError("disk full")
     assert saving.read_json(path) == {"bleu": 36.5}
     assert os.listdir(tmp_path) == ["results.json"]
+
+
+def test_a_write_larger_than_the_free_space_is_refused_before_it_starts(tmp_path):
+    path = str(tmp_path / "backup" / "window-000001.weights.h5")
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(OSError, match=r"No space left on device to write .*window-000001"):
+        with saving.atomic_path(path, size=free + 2**30):
+            raise AssertionError("the write began")
+    assert os.listdir(tmp_path / "backup") == []
+    with saving.atomic_path(path, size=1) as partial:
+        open(partial, "w").close()
+    assert os.listdir(tmp_path / "backup") == ["window-000001.weights.h5"]
 
 
 KILLED_WRITER = """

@@ -247,7 +247,8 @@ class RunBackup(keras.callbacks.Callback):
         windows = epoch + 1
         os.makedirs(self.save_dir, exist_ok=True)
         name = f"window-{windows:06d}.weights.h5"
-        with saving.atomic_path(os.path.join(self.save_dir, name)) as partial:
+        with saving.atomic_path(os.path.join(self.save_dir, name),
+                                size=_weights_bytes(self.model)) as partial:
             self.model.save_weights(partial, overwrite=True)
         saving.write_json(os.path.join(self.save_dir, self.STATE),
                              {"epoch": windows, "weights": name,
@@ -255,6 +256,14 @@ class RunBackup(keras.callbacks.Callback):
         for old in glob.glob(os.path.join(self.save_dir, "*.weights.h5")):
             if os.path.basename(old) != name:
                 os.remove(old)
+
+
+def _weights_bytes(model):
+    """The bytes of what `model.save_weights` writes: the model's variables and its
+    optimizer's (HDF5's own few kilobytes aside)."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.weights) + list(optimizer.variables if optimizer else [])
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
 
 
 class WindowClock(keras.callbacks.Callback):

@@ -521,6 +521,7 @@ errors.guarded(quickstart.main, argv)
 """
 
 
+@pytest.mark.once("jax")  # six short processes, which start faster under JAX (87 s, 97 s torch)
 @pytest.mark.backs("docs/training.md",
                    "A run killed at any point, even with `kill -9`, finishes with the same command")
 def test_a_run_killed_in_any_phase_finishes_with_the_same_command_without_training_again(

@@ -69,15 +69,19 @@ def optimizer_step(model):
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
+def model_and_optimizer_variables(model):
+    """The model's variables and its optimizer's, if it has one: what
+    `model.save_weights` writes."""
+    optimizer = getattr(model, "optimizer", None)
+    return list(model.weights) + (list(optimizer.variables) if optimizer is not None else [])
+
+
 def weights_are_finite(model):
     """Whether every floating-point variable of the model and its optimizer
     is finite (one pass over the weights, done once per window)."""
-    variables = list(model.weights)
-    if getattr(model, "optimizer", None) is not None:
-        variables += list(model.optimizer.variables)
     return all(
         np.isfinite(keras.ops.convert_to_numpy(v)).all()
-        for v in variables if keras.backend.is_float_dtype(v.dtype)
+        for v in model_and_optimizer_variables(model) if keras.backend.is_float_dtype(v.dtype)
     )
 
 
@@ -259,11 +263,9 @@ class RunBackup(keras.callbacks.Callback):
 
 
 def _weights_bytes(model):
-    """The bytes of what `model.save_weights` writes: the model's variables and its
-    optimizer's (HDF5's own few kilobytes aside)."""
-    optimizer = getattr(model, "optimizer", None)
-    variables = list(model.weights) + list(optimizer.variables if optimizer else [])
-    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
+    """The bytes of what `model.save_weights` writes (HDF5's own few kilobytes aside)."""
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize
+               for v in model_and_optimizer_variables(model))
 
 
 class WindowClock(keras.callbacks.Callback):

@@ -115,6 +115,37 @@ def clusters(kind, records):
                           f"validation loss, step {steps[-1]}", "training"), rows)
 
 
+def backends(kind, spec, root=None):
+    """One command on each backend: a row per entry of `spec["rows"]`, each naming its
+    run's record (`from`, a path from `root`) or README's row whose record it is
+    (`headline`). A row gives the backend, the CPU, the commit, the steps and training
+    time, test2016's BLEU (lower-cased and cased, of the last checkpoint and of the
+    averaged model) and the α picked on validation with its validation BLEU. The records'
+    commands must differ in nothing but the backend and where their files are."""
+    import run_all
+
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows, commands = [], {}
+    for row in spec["rows"]:
+        path = _headline(row["headline"], root)["from"] if "headline" in row else row["from"]
+        record = load(os.path.join(root, path))
+        made, averaged = record["provenance"], record["averaged"]
+        commands[path] = _options(made["command"])
+        tuning = record.get("alpha_tuning")
+        validation = (f"{tuning['alpha']:g} ({tuning['bleu_lowercase'][str(tuning['alpha'])]:.2f})"
+                      if tuning else f"{record['alpha']:g} (given)")
+        rows.append((BACKEND_NAMES[record["backend"]], _machine(made, article=False),
+                     f"`{made['commit']}`", record["steps"], duration(record["train_seconds"]),
+                     f"{record['bleu_lowercase']:.2f} / {averaged['bleu_lowercase']:.2f}",
+                     f"{record['bleu']:.2f} / {averaged['bleu']:.2f}", validation))
+    if len(set(commands.values())) > 1:
+        raise ValueError("the runs' commands differ in more than the backend: " + "; ".join(
+            f"{path}: {options}" for path, options in commands.items()))
+    return run_all.table(("backend", "CPU", "commit", "steps", "training time",
+                          "test2016 lower-cased: last / averaged", "cased: last / averaged",
+                          "α (validation BLEU, lower-cased)"), rows)
+
+
 def wmt14_scale(kind, runs):
     """`wmt14_scale.py --output FILE` runs, a file each (docs/wmt14.md): a row per recipe
     run (the first, and the second that reads the cache), with the batch and the loss it

@@ -24,9 +24,10 @@ order of their names, and so is distributed.md's table of one process against a 
 (`clusters`); the quickstart's table (`quickstart`) from one, recorded with
 `--wall-seconds`, the whole command's time as `/usr/bin/time` gave it; wmt14.md's from a
 folder of `wmt14_scale.py --output` files; results.md's Table 3 (`table3`) from a copy of
-`recipes.table3`'s results.json: those kinds are in benchmarks/records.py. The GPU's tables
-(`gpu` and the two after it in `KINDS`) are made from gpu_all.sh's `results.jsonl` by
-benchmarks/gpu_tables.py.
+`recipes.table3`'s results.json; results.md's table of one command on each backend
+(`backends`) from a list of the runs' records: those kinds are in benchmarks/records.py.
+The GPU's tables (`gpu` and the two after it in `KINDS`) are made from gpu_all.sh's
+`results.jsonl` by benchmarks/gpu_tables.py.
 """
 
 import os
@@ -189,6 +190,7 @@ KINDS = {
     "clusters": records.clusters,  # a folder of records: distributed.md's runs, a row each
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
     "headlines": records.headlines,  # README's results, a row each from its results file
+    "backends": records.backends,  # one command on each backend: a row per run's record
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model
@@ -200,8 +202,9 @@ def render(source, kind, repository=REPOSITORY):
     if kind not in KINDS:
         raise ValueError(f"{source}: no table is made by {kind!r}; known: {', '.join(KINDS)}")
     results = records.load(os.path.join(repository, source))
-    if kind == "headlines":  # its rows name further files, read from the same repository
-        return records.headlines(kind, results, root=repository).strip("\n")
+    if kind in ("headlines", "backends"):  # its rows name further files, read from the
+        # same repository
+        return KINDS[kind](kind, results, root=repository).strip("\n")
     return KINDS[kind](kind, results).strip("\n")
 
 

@@ -550,6 +550,48 @@ def test_readmes_results_are_made_from_the_files_their_rows_name(tables, tmp_pat
                                  root=str(tmp_path))
 
 
+def test_one_command_on_each_backend_makes_a_row_per_backend(tables, tmp_path):
+    """results.md's table of the same command on each backend: a row per run's record,
+    named by its path or by README's row whose record it is; records whose commands differ
+    in more than the backend and where their files are make no table."""
+    command = ("KERAS_BACKEND={} python -m recipes.multi30k --direction de-en --data-dir {} "
+               "--run-dir {}")
+    made = {"commit": "abc1234", "cores": 2, "cpu": "Intel(R) Xeon(R) Processor",
+            "isa": "AVX-512", "command": command.format("tensorflow", "d", "r")}
+    records = {
+        "tf.json": {"backend": "tensorflow", "steps": 8000, "train_seconds": 4648.7,
+                    "bleu": 42.2945, "bleu_lowercase": 42.5289,
+                    "averaged": {"bleu": 42.1408, "bleu_lowercase": 42.375},
+                    "alpha_tuning": {"alpha": 1.2, "bleu_lowercase": {"1.0": 42.95, "1.2": 43.06}},
+                    "provenance": made},
+        "jax.json": {"backend": "jax", "steps": 8000, "train_seconds": 6001.0, "bleu": 41.5,
+                     "bleu_lowercase": 41.75, "averaged": {"bleu": 41.6, "bleu_lowercase": 41.9},
+                     "alpha": 0.6, "provenance": {
+                         **made, "cpu": "AMD EPYC 7B13", "isa": "AVX2", "commit": "def5678",
+                         "command": command.format("jax", "e", "s")}}}
+    for name, record in records.items():
+        (tmp_path / name).write_text(json.dumps(record))
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "headlines.json").write_text(json.dumps(
+        {"rows": [{"name": "de-en", "from": "tf.json", "figure": "bleu"}]}))
+    spec = {"rows": [{"headline": "de-en"}, {"from": "jax.json"}]}
+    (tmp_path / "backends.json").write_text(json.dumps(spec))
+    lines = tables.render("backends.json", "backends", str(tmp_path)).splitlines()
+    assert lines[0] == ("| backend | CPU | commit | steps | training time | test2016 lower-cased: "
+                        "last / averaged | cased: last / averaged | α (validation BLEU, "
+                        "lower-cased) |")
+    assert lines[2:] == [
+        "| TensorFlow | Intel Xeon (AVX-512) | `abc1234` | 8000 | 1 h 17 min 29 s | 42.53 / 42.38 "
+        "| 42.29 / 42.14 | 1.2 (43.06) |",
+        "| JAX | AMD EPYC 7B13 (AVX2) | `def5678` | 8000 | 1 h 40 min 1 s | 41.75 / 41.90 "
+        "| 41.50 / 41.60 | 0.6 (given) |"]
+    records["jax.json"]["provenance"]["command"] += " --steps 4000"
+    (tmp_path / "jax.json").write_text(json.dumps(records["jax.json"]))
+    with pytest.raises(ValueError, match="differ in more than the backend: .*jax.json: "
+                                         "`--steps 4000`"):
+        tables.render("backends.json", "backends", str(tmp_path))
+
+
 def test_gpu_multi30ks_batches_follow_the_pipelines_bucket_plan():
     """benchmarks/gpu_multi30k.py batches ids in NumPy as the tf.data pipeline plans them:
     each batch one bucket's width and size, sources ending in EOS, the decoder input

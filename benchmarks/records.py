@@ -12,9 +12,9 @@ _SHARED_OPTIONS = {"--direction", "--data-dir", "--run-dir", "--verbose"}
 _SHARED_FLAGS = {"--no-export"}
 
 
-def _options(command):
-    """A run's own options: its command without the program, the backend and the options
-    that only say where its files are."""
+def _option_words(command):
+    """A run's own options, word by word: its command without the program, the backend
+    and the options that only say where its files are."""
     import shlex
 
     words = shlex.split(command)
@@ -27,6 +27,12 @@ def _options(command):
             skip = True
         elif word not in _SHARED_FLAGS:
             kept.append(word)
+    return kept
+
+
+def _options(command):
+    """A run's own options (`_option_words`), as a table's cell."""
+    kept = _option_words(command)
     return f"`{' '.join(kept)}`" if kept else "(none)"
 
 
@@ -121,7 +127,9 @@ def backends(kind, spec, root=None):
     (`headline`). A row gives the backend, the CPU, the commit, the steps and training
     time, test2016's BLEU (lower-cased and cased, of the last checkpoint and of the
     averaged model) and the α picked on validation with its validation BLEU. The records'
-    commands must differ in nothing but the backend and where their files are."""
+    commands must differ in nothing but the backend and where their files are, once the
+    flags that `spec["defaults_since"]` names (a row's flag that the recipe has made its
+    default since) are left out."""
     import run_all
 
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,7 +138,8 @@ def backends(kind, spec, root=None):
         path = _headline(row["headline"], root)["from"] if "headline" in row else row["from"]
         record = load(os.path.join(root, path))
         made, averaged = record["provenance"], record["averaged"]
-        commands[path] = _options(made["command"])
+        commands[path] = " ".join(word for word in _option_words(made["command"])
+                                  if word not in spec.get("defaults_since", ()))
         tuning = record.get("alpha_tuning")
         validation = (f"{tuning['alpha']:g} ({tuning['bleu_lowercase'][str(tuning['alpha'])]:.2f})"
                       if tuning else f"{record['alpha']:g} (given)")
@@ -140,7 +149,7 @@ def backends(kind, spec, root=None):
                      f"{record['bleu']:.2f} / {averaged['bleu']:.2f}", validation))
     if len(set(commands.values())) > 1:
         raise ValueError("the runs' commands differ in more than the backend: " + "; ".join(
-            f"{path}: {options}" for path, options in commands.items()))
+            f"{path}: `{options}`" for path, options in commands.items()))
     return run_all.table(("backend", "CPU", "commit", "steps", "training time",
                           "test2016 lower-cased: last / averaged", "cased: last / averaged",
                           "α (validation BLEU, lower-cased)"), rows)

@@ -553,11 +553,13 @@ def test_readmes_results_are_made_from_the_files_their_rows_name(tables, tmp_pat
 def test_one_command_on_each_backend_makes_a_row_per_backend(tables, tmp_path):
     """results.md's table of the same command on each backend: a row per run's record,
     named by its path or by README's row whose record it is; records whose commands differ
-    in more than the backend and where their files are make no table."""
+    in more than the backend, where their files are and the flags that the recipe has made
+    its defaults since make no table."""
     command = ("KERAS_BACKEND={} python -m recipes.multi30k --direction de-en --data-dir {} "
                "--run-dir {}")
     made = {"commit": "abc1234", "cores": 2, "cpu": "Intel(R) Xeon(R) Processor",
-            "isa": "AVX-512", "command": command.format("tensorflow", "d", "r")}
+            "isa": "AVX-512",
+            "command": command.format("tensorflow", "d", "r") + " --no-separate-vocabularies"}
     records = {
         "tf.json": {"backend": "tensorflow", "steps": 8000, "train_seconds": 4648.7,
                     "bleu": 42.2945, "bleu_lowercase": 42.5289,
@@ -576,6 +578,11 @@ def test_one_command_on_each_backend_makes_a_row_per_backend(tables, tmp_path):
         {"rows": [{"name": "de-en", "from": "tf.json", "figure": "bleu"}]}))
     spec = {"rows": [{"headline": "de-en"}, {"from": "jax.json"}]}
     (tmp_path / "backends.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="differ in more than the backend: tf.json: "
+                                         "`--no-separate-vocabularies`; jax.json: ``"):
+        tables.render("backends.json", "backends", str(tmp_path))
+    spec["defaults_since"] = ["--no-separate-vocabularies"]
+    (tmp_path / "backends.json").write_text(json.dumps(spec))
     lines = tables.render("backends.json", "backends", str(tmp_path)).splitlines()
     assert lines[0] == ("| backend | CPU | commit | steps | training time | test2016 lower-cased: "
                         "last / averaged | cased: last / averaged | α (validation BLEU, "
@@ -587,8 +594,8 @@ def test_one_command_on_each_backend_makes_a_row_per_backend(tables, tmp_path):
         "| 41.50 / 41.60 | 0.6 (given) |"]
     records["jax.json"]["provenance"]["command"] += " --steps 4000"
     (tmp_path / "jax.json").write_text(json.dumps(records["jax.json"]))
-    with pytest.raises(ValueError, match="differ in more than the backend: .*jax.json: "
-                                         "`--steps 4000`"):
+    with pytest.raises(ValueError, match="differ in more than the backend: tf.json: ``; "
+                                         "jax.json: `--steps 4000`"):
         tables.render("backends.json", "backends", str(tmp_path))
 
 

@@ -125,8 +125,9 @@ def backends(kind, spec, root=None):
     """One command on each backend: a row per entry of `spec["rows"]`, each naming its
     run's record (`from`, a path from `root`) or README's row whose record it is
     (`headline`). A row gives the backend, the CPU, the commit, the steps and training
-    time, test2016's BLEU (lower-cased and cased, of the last checkpoint and of the
-    averaged model) and the α picked on validation with its validation BLEU. The records'
+    time, the validation loss at steps 1000, 2400 and 3600 and at the last, test2016's
+    BLEU (lower-cased and cased, of the last checkpoint and of the averaged model) and the
+    α picked on validation with its validation BLEU. The records'
     commands must differ in nothing but the backend and where their files are, once the
     flags that `spec["defaults_since"]` names (a row's flag that the recipe has made its
     default since) are left out."""
@@ -143,14 +144,19 @@ def backends(kind, spec, root=None):
         tuning = record.get("alpha_tuning")
         validation = (f"{tuning['alpha']:g} ({tuning['bleu_lowercase'][str(tuning['alpha'])]:.2f})"
                       if tuning else f"{record['alpha']:g} (given)")
+        losses = record["validation_loss"]
+        at = " / ".join(f"{losses[str(step)]:.3f}" if str(step) in losses else "–"
+                        for step in (1000, 2400, 3600, record["steps"]))
         rows.append((BACKEND_NAMES[record["backend"]], _machine(made, article=False),
                      f"`{made['commit']}`", record["steps"], duration(record["train_seconds"]),
+                     at,
                      f"{record['bleu_lowercase']:.2f} / {averaged['bleu_lowercase']:.2f}",
                      f"{record['bleu']:.2f} / {averaged['bleu']:.2f}", validation))
     if len(set(commands.values())) > 1:
         raise ValueError("the runs' commands differ in more than the backend: " + "; ".join(
             f"{path}: `{options}`" for path, options in commands.items()))
     return run_all.table(("backend", "CPU", "commit", "steps", "training time",
+                          "validation loss at 1000 / 2400 / 3600 / the last step",
                           "test2016 lower-cased: last / averaged", "cased: last / averaged",
                           "α (validation BLEU, lower-cased)"), rows)
 

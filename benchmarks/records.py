@@ -148,14 +148,15 @@ def backends(kind, spec, root=None):
         at = " / ".join(f"{losses[str(step)]:.3f}" if str(step) in losses else "–"
                         for step in (1000, 2400, 3600, record["steps"]))
         rows.append((BACKEND_NAMES[record["backend"]], _machine(made, article=False),
-                     f"`{made['commit']}`", record["steps"], duration(record["train_seconds"]),
+                     f"commit `{made['commit']}`", record["steps"],
+                     duration(record["train_seconds"]),
                      at,
                      f"{record['bleu_lowercase']:.2f} / {averaged['bleu_lowercase']:.2f}",
                      f"{record['bleu']:.2f} / {averaged['bleu']:.2f}", validation))
     if len(set(commands.values())) > 1:
         raise ValueError("the runs' commands differ in more than the backend: " + "; ".join(
             f"{path}: `{options}`" for path, options in commands.items()))
-    return run_all.table(("backend", "CPU", "commit", "steps", "training time",
+    return run_all.table(("backend", "CPU", "code", "steps", "training time",
                           "validation loss at 1000 / 2400 / 3600 / the last step",
                           "test2016 lower-cased: last / averaged", "cased: last / averaged",
                           "α (validation BLEU, lower-cased)"), rows)

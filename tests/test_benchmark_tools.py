@@ -586,14 +586,14 @@ def test_one_command_on_each_backend_makes_a_row_per_backend(tables, tmp_path):
     spec["defaults_since"] = ["--no-separate-vocabularies"]
     (tmp_path / "backends.json").write_text(json.dumps(spec))
     lines = tables.render("backends.json", "backends", str(tmp_path)).splitlines()
-    assert lines[0] == ("| backend | CPU | commit | steps | training time | validation loss at "
+    assert lines[0] == ("| backend | CPU | code | steps | training time | validation loss at "
                         "1000 / 2400 / 3600 / the last step | test2016 lower-cased: last / "
                         "averaged | cased: last / averaged | α (validation BLEU, lower-cased) |")
     assert lines[2:] == [
-        "| TensorFlow | Intel Xeon (AVX-512) | `abc1234` | 8000 | 1 h 17 min 29 s "
+        "| TensorFlow | Intel Xeon (AVX-512) | commit `abc1234` | 8000 | 1 h 17 min 29 s "
         "| 4.242 / 3.720 / 3.614 / 3.493 | 42.53 / 42.38 | 42.29 / 42.14 | 1.2 (43.06) |",
-        "| JAX | AMD EPYC 7B13 (AVX2) | `def5678` | 8000 | 1 h 40 min 1 s | 4.300 / – / – / 3.500 "
-        "| 41.75 / 41.90 | 41.50 / 41.60 | 0.6 (given) |"]
+        "| JAX | AMD EPYC 7B13 (AVX2) | commit `def5678` | 8000 | 1 h 40 min 1 s "
+        "| 4.300 / – / – / 3.500 | 41.75 / 41.90 | 41.50 / 41.60 | 0.6 (given) |"]
     records["jax.json"]["provenance"]["command"] += " --steps 4000"
     (tmp_path / "jax.json").write_text(json.dumps(records["jax.json"]))
     with pytest.raises(ValueError, match="differ in more than the backend: tf.json: ``; "

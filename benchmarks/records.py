@@ -44,6 +44,13 @@ def duration(seconds):
             f"{minutes} min {seconds} s" if minutes else f"{seconds} s")
 
 
+def _losses_at(losses, steps):
+    """"4.242 / 3.720 / –": a record's validation loss at each of `steps`, "–" where its
+    log has none."""
+    return " / ".join(f"{losses[str(step)]:.3f}" if str(step) in losses else "–"
+                      for step in steps)
+
+
 def trials(kind, records):
     """A row per recorded run (`--record`): its options, commit, the validation loss at
     steps 1000, 2400 and 3600 and at its last step, the validation BLEU of the α it
@@ -52,8 +59,7 @@ def trials(kind, records):
     rows = []
     for record in records:
         made, losses = record["provenance"], record["validation_loss"]
-        at = " / ".join(f"{losses[str(step)]:.3f}" if str(step) in losses else "–"
-                        for step in (1000, 2400, 3600))
+        at = _losses_at(losses, (1000, 2400, 3600))
         tuning = record.get("alpha_tuning", {})
         alpha = tuning.get("alpha")
         validation = (f"{tuning['bleu_lowercase'][str(alpha)]:.2f} ({alpha:g})" if tuning
@@ -144,13 +150,10 @@ def backends(kind, spec, root=None):
         tuning = record.get("alpha_tuning")
         validation = (f"{tuning['alpha']:g} ({tuning['bleu_lowercase'][str(tuning['alpha'])]:.2f})"
                       if tuning else f"{record['alpha']:g} (given)")
-        losses = record["validation_loss"]
-        at = " / ".join(f"{losses[str(step)]:.3f}" if str(step) in losses else "–"
-                        for step in (1000, 2400, 3600, record["steps"]))
+        at = _losses_at(record["validation_loss"], (1000, 2400, 3600, record["steps"]))
         rows.append((BACKEND_NAMES[record["backend"]], _machine(made, article=False),
                      f"commit `{made['commit']}`", record["steps"],
-                     duration(record["train_seconds"]),
-                     at,
+                     duration(record["train_seconds"]), at,
                      f"{record['bleu_lowercase']:.2f} / {averaged['bleu_lowercase']:.2f}",
                      f"{record['bleu']:.2f} / {averaged['bleu']:.2f}", validation))
     if len(set(commands.values())) > 1:

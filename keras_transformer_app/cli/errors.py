@@ -7,8 +7,8 @@ traceback from deep inside Keras; the line names the command's flags
 (`--tokens-per-batch`), not the library's Python names. Ctrl-C (SIGINT) ends a command
 quietly with status 130, SIGTERM with status 143, and a closed stdout (`| head`) with
 status 1, as Unix tools do; files being written are removed, never left half-written.
-An error that a library raises while the signal's exception unwinds (its
-cleanup cut short) ends as the signal would. Anything else is a bug and keeps its traceback.
+An error that a library raises once the signal has come (its work or its cleanup
+cut short) ends as the signal would. Anything else is a bug and keeps its traceback.
 
 `command_line()` is the context both kinds of command line run in, from their first
 line: the native logs quieted, SIGTERM turned into a clean exit, these errors, and
@@ -38,8 +38,19 @@ class Terminated(BaseException):
     like Ctrl-C (files being written are removed) and ends with status 143."""
 
 
+# The interruptions the command's handlers have raised, latest last (`_signal_first`).
+_SIGNALLED = []
+
+
 def _terminate(signum, frame):
+    _SIGNALLED.append(Terminated)
     raise Terminated()
+
+
+def _interrupt(signum, frame):
+    """Ctrl-C: `signal.default_int_handler`, noted as `_terminate` notes SIGTERM."""
+    _SIGNALLED.append(KeyboardInterrupt)
+    raise KeyboardInterrupt()
 
 
 # The signal each interruption stands for, for `_signal_again`.
@@ -158,14 +169,21 @@ def _release_the_failed_work(error):
 
 @contextlib.contextmanager
 def _signal_first():
-    """Runs the block; an error raised while a signal's exception unwound (a library's
-    cleanup that failed because the interruption cut its work short: TensorFlow's graph
-    stack asserts "Concurrent access?" when a Ctrl-C lands inside a trace) is replaced
-    by that signal's exception again. The signal is what ended the command."""
+    """Runs the block; an error raised once a signal's handler has run is replaced by
+    that signal's exception again: the signal is what ended the command. Such an
+    error is either raised while the signal's exception unwound (a library's cleanup
+    that failed because the interruption cut its work short: TensorFlow's graph stack
+    asserts "Concurrent access?" when a Ctrl-C lands inside a trace), or made of it
+    with no link back (a SIGTERM whose handler ran while TensorFlow's C++ built an
+    exception of its own became pybind11's `RuntimeError: ... MISMATCH of original and
+    normalized active exception types`, status 1 and a traceback)."""
+    del _SIGNALLED[:]
     try:
         yield
     except Exception as error:
         interruption = _interruption_behind(error)
+        if interruption is None and _SIGNALLED:
+            interruption = _SIGNALLED[-1]()
         if interruption is None:
             raise
         raise interruption from None
@@ -306,7 +324,7 @@ def command_line(native_logs=None, flags=None):
     # Ctrl-C raises KeyboardInterrupt again (the start-up's quiet exit, if the package
     # set one, ends here), so that the work can stop cleanly.
     previous = ((signal.signal(signal.SIGTERM, _terminate),
-                 signal.signal(signal.SIGINT, signal.default_int_handler), sys.unraisablehook)
+                 signal.signal(signal.SIGINT, _interrupt), sys.unraisablehook)
                 if main_thread else None)
     if main_thread:
         sys.unraisablehook = _signal_again(previous[2])

@@ -294,8 +294,9 @@ def test_an_error_made_of_a_signal_with_no_link_to_it_ends_as_the_signal(signal_
 
 
 def test_an_error_with_no_signal_before_it_keeps_its_traceback():
-    """The signal of an earlier command in the same process does not stand for a later
-    command's bug."""
+    """The signal of an earlier command in the same process, or one that the command
+    answered itself and went on from (`errors.signal_answered`), does not stand for a
+    later bug."""
     with pytest.raises(SystemExit):
         errors.guarded(lambda: signal.raise_signal(signal.SIGTERM))
 
@@ -304,6 +305,16 @@ def test_an_error_with_no_signal_before_it_keeps_its_traceback():
 
     with pytest.raises(RuntimeError, match="a bug"):
         errors.guarded(main)
+
+    def answered_then_a_bug():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except errors.Terminated:
+            errors.signal_answered()  # as an export found complete does
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        errors.guarded(answered_then_a_bug)
 
 
 def test_an_import_error_inside_the_package_keeps_its_traceback():

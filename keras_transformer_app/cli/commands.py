@@ -199,6 +199,7 @@ def _finished_once_published(version_path):
             raise
         print(f"{version_path} was complete when the signal came: the export is done.",
               file=sys.stderr)
+        errors.signal_answered()
     logs.finished()
 
 

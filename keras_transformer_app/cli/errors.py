@@ -53,6 +53,13 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt()
 
 
+def signal_answered():
+    """Forgets the signals noted so far: for a command that answered one itself and
+    goes on (an export whose version was complete when the signal came), so that an
+    error after it is not taken for the signal's."""
+    del _SIGNALLED[:]
+
+
 # The signal each interruption stands for, for `_signal_again`.
 _SIGNAL_OF = {Terminated: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}
 

@@ -124,7 +124,7 @@ def main(argv=None):
 
 
 def _print_table(rows):
-    """One line per (backend, vocabulary): each chunk size's ms per step and peak GB,
+    """One line per (backend, vocabulary): each chunk size's ms per step and peak GiB,
     and the ratio of each to the whole logits' step."""
     print("| backend | vocabulary | chunk | ms per step | × whole logits | peak RSS |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -134,7 +134,7 @@ def _print_table(rows):
         base = whole.get((r["backend"], r["vocab_size"]))
         ratio = f"{r['ms_per_step'] / base:.2f}" if base else "—"
         print(f"| {r['backend']} | {r['vocab_size']:,} | {r['chunk_size'] or 'whole'} | "
-              f"{r['ms_per_step']:.0f} | {ratio} | {r['peak_rss_mb'] / 1024:.2f} GB |")
+              f"{r['ms_per_step']:.0f} | {ratio} | {r['peak_rss_mb'] / 1024:.2f} GiB |")
 
 
 if __name__ == "__main__":

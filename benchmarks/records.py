@@ -185,13 +185,13 @@ def wmt14_scale(kind, runs):
             memory.append(
                 f"- {result['tokens_per_batch']:,} tokens, {loss}, "
                 f"{'first' if run['steps'] == 1 else 'second'} run: "
-                + ", ".join(f"{names.get(label, label)} {gb:.2f} GB"
+                + ", ".join(f"{names.get(label, label)} {gb:.2f} GiB"
                             + (f" ({run['file_gb'][label]:.2f})" if label in run["file_gb"]
                                else "") for label, gb in run["rss_gb"].items()))
             rows.append((f"{result['tokens_per_batch']:,}", loss,
                          "first" if run["steps"] == 1 else "second (reads the cache)",
-                         f"{run['data_peak_rss_gb']:.2f} / {run['peak_rss_gb']:.2f} GB",
-                         f"{run['with_children_peak_rss_gb']:.2f} GB",
+                         f"{run['data_peak_rss_gb']:.2f} / {run['peak_rss_gb']:.2f} GiB",
+                         f"{run['with_children_peak_rss_gb']:.2f} GiB",
                          *(duration(phases[label]) if label in phases else "—"
                            for label in labels),
                          f"{padding[0]}% / {padding[1]}%" if padding else "—"))
@@ -376,7 +376,7 @@ def _serving(results, row):
 def _wmt14_scale(result, row):
     """A `wmt14_scale.py --output` file: its first run's peak and time to the first step."""
     run = result["runs"][0]
-    return (f"{run['peak_rss_gb']:.2f} GB peak for the whole run, first step after "
+    return (f"{run['peak_rss_gb']:.2f} GiB peak for the whole run, first step after "
             f"{duration(run['phases_s']['first steps'])} ({result['tokens_per_batch']:,} "
             f"tokens a side, commit `{result['commit']}`, {_machine(result['machine'])})")
 

@@ -289,13 +289,13 @@ def test_wmt14_scale_runs_make_the_table_of_memory_and_time(tables):
     assert lines[0] == ("| tokens a side | loss | run | peak RSS: data ready / whole run | with "
                         "child processes | corpus read | sample drawn | vocabulary | tokenized "
                         "| batches planned | first steps | padding, source / target |")
-    assert lines[2] == ("| 2,048 | chunks of 1,024 | first | 2.31 / 2.89 GB | 2.90 GB | 4 s | "
+    assert lines[2] == ("| 2,048 | chunks of 1,024 | first | 2.31 / 2.89 GiB | 2.90 GiB | 4 s | "
                         "9 s | 33 s | 3 min 25 s | 3 min 25 s | 3 min 52 s | 8% / 10% |")
     assert lines[3].startswith("| 2,048 | chunks of 1,024 | second (reads the cache) |")
     assert "| 5 s | — | 5 s |" in lines[3]
     assert lines[5].startswith("| 4,096 | whole logits | second (reads the cache) |")
-    assert lines[-4] == ("- 2,048 tokens, chunks of 1,024, first run: corpus read 0.59 GB "
-                         "(0.35), first steps 2.64 GB")
+    assert lines[-4] == ("- 2,048 tokens, chunks of 1,024, first run: corpus read 0.59 GiB "
+                         "(0.35), first steps 2.64 GiB")
     assert lines[-2].startswith("- 4,096 tokens, whole logits, first run: ")
     assert lines[-1].startswith("- 4,096 tokens, whole logits, second run: ")
     assert lines[-8] == (
@@ -533,7 +533,7 @@ def test_readmes_results_are_made_from_the_files_their_rows_name(tables, tmp_pat
         "base model 629,278 target tokens/s, 1.19× the peer (commit `def5678`, torch 2.13.0)",
         f"1.50–1.90× CTranslate2 fp32's time per token (beam 4, commit `abc1234`, {xeon})",
         f"1,799 sentences/s from the SavedModel, batching on (commit `abc1234`, {xeon})",
-        "2.70 GB peak for the whole run, first step after 3 min 5 s (2,048 tokens a side, "
+        "2.70 GiB peak for the whole run, first step after 3 min 5 s (2,048 tokens a side, "
         "commit `abc1234`, an AMD EPYC 7B13 (AVX2))"]
     with pytest.raises(ValueError, match="no figure is made by 'bleus'; known: bleu, quickstart"):
         tables.records.headlines("headlines", {"rows": [{**spec["rows"][0], "figure": "bleus"}]},

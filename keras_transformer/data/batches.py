@@ -101,9 +101,9 @@ def batched(dataset, plan, padding, batch_multiple, shard, cardinality):
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     # tf.data's default graph rewrites serialize the pipeline, and with it the id
     # tables it captures, into a copy: as much memory again as the token cache. The
-    # pipeline asks for its parallel maps and its prefetch itself. (Under a
-    # tf.distribute strategy of several replicas or workers, rebatching and
-    # auto-sharding still serialize it: one copy there.)
+    # pipeline asks for its parallel maps and its prefetch itself. (Under
+    # MultiWorkerMirroredStrategy's several workers, rebatching and auto-sharding
+    # still serialize it: one copy there.)
     options.experimental_optimization.apply_default_optimizations = False
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 

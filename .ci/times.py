@@ -1,9 +1,10 @@
 """CI's record of where its time went: .ci/run adds a line of JSON to .ci/times.jsonl as each
-stage ends (its seconds), and each pytest run one before it (where its tests' time went:
-tests/cpu_time.py); this writes them, with the commit, the command and the machine
-(keras_transformer_app.provenance), to .ci/times.json. Copied into docs/results/ci/, a file per
-machine (a new run replaces its machine's), it is what docs/installation.md's tables of CI's
-time are made from, a column per file (benchmarks/tables.py, kind "ci").
+stage ends (its seconds), and each pytest run one before it (where its tests' time went, and
+its slowest tests' seconds: tests/cpu_time.py); this writes them, with the commit, the
+command and the machine (keras_transformer_app.provenance), to .ci/times.json. Copied into
+docs/results/ci/, a file per machine (a new run replaces its machine's), it is what
+docs/installation.md's tables of CI's time are made from, a column per file
+(benchmarks/tables.py, kind "ci").
 
     python .ci/times.py .ci/times.jsonl .ci/times.json
 """

@@ -117,7 +117,53 @@ def _ci(kind, runs):
         run_all.table(("stage", *columns), [(label, *cells[label]) for label in order]),
         "", "Where each pytest run's tests' time went (tests/cpu_time.py), in seconds:", "",
         run_all.table(("pytest run", "machine", "the tests' time", "their own CPU",
-                       "the processes they started", "the rest (waiting)"), split)])
+                       "the processes they started", "the rest (waiting)"), split),
+        *_walk_chains(runs, columns)])
+
+
+# A page of the walk in CI's record: tests/test_pages.py's test of the page, its chain
+# after the "@" that pytest-xdist's --dist loadgroup adds.
+_WALKED_PAGE = re.compile(r"::test_the_page_runs\[(?P<page>[^\]]+)\]@(?P<chain>[\w-]+)$")
+
+
+def _walk_chains(runs, columns):
+    """The walk's chains and their pages, in seconds, from the runs whose record keeps its
+    tests' times (tests/cpu_time.py's `slowest`), a column each: a chain is its pages,
+    walked one after the other on one worker, the chains side by side. [] if none does."""
+    import run_all
+
+    walks = []
+    for run, column in zip(runs, columns):
+        stage = next(entry for entry in run["stages"] if entry["stage"] == "walk")
+        pages = {}
+        for nodeid, seconds in stage.get("slowest", {}).items():
+            if found := _WALKED_PAGE.search(nodeid):
+                pages[found["chain"], found["page"]] = seconds
+        if pages:
+            walks.append((column, pages))
+    if not walks:
+        return []
+    first = walks[0][1]
+    chains = {}
+    for (chain, page), seconds in first.items():
+        chains.setdefault(chain, []).append(page)
+    for _, pages in walks[1:]:
+        for chain, page in pages:
+            if page not in chains.setdefault(chain, []):
+                chains[chain].append(page)
+
+    def total(pages, chain):
+        return sum(seconds for (name, _), seconds in pages.items() if name == chain)
+
+    rows = []
+    for chain in sorted(chains, key=lambda name: -total(first, name)):
+        rows.append((f"**{chain}**", *(f"**{total(pages, chain):,.0f}**"
+                                       if total(pages, chain) else "–" for _, pages in walks)))
+        rows += [(page, *(f"{pages[chain, page]:,.0f}" if (chain, page) in pages else "–"
+                          for _, pages in walks)) for page in chains[chain]]
+    return ["", "The walk's chains, each a page after another on one worker, the chains side by "
+            "side, in seconds (a page's test, its chain's clone included in its first page's):",
+            "", run_all.table(("chain, then its pages", *(column for column, _ in walks)), rows)]
 
 
 def _decoding_peers(kind, runs):

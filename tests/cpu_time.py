@@ -13,7 +13,9 @@ where it is waited for.
 Loaded from the repository's conftest.py (`pytest_plugins`), for the tests and for the
 docstring examples; .ci/run's passes give `--durations 25`. Where the environment names a
 file in `CI_TIMES` (.ci/run does), the report is also added to it as a line of JSON, under
-the stage that `CI_STAGE` names (.ci/times.py makes CI's record of them).
+the stage that `CI_STAGE` names, with the seconds of its 25 slowest tests (setup, call and
+teardown; the walk's tests are its pages, so its chains' times are in it): .ci/times.py
+makes CI's record of them.
 """
 
 import collections
@@ -27,6 +29,7 @@ import pytest
 _KEY = "cpu_time"  # (seconds, own CPU seconds, started processes' CPU seconds)
 _START = pytest.StashKey[tuple]()
 _FILES_SHOWN = 5
+_SLOWEST_KEPT = 25  # as many as .ci/run's --durations prints
 
 
 def _cpu():
@@ -60,6 +63,7 @@ class _Totals:
 
     def __init__(self):
         self.files = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+        self.tests = {}  # nodeid -> seconds
 
     def pytest_runtest_logreport(self, report):
         for name, value in report.user_properties:
@@ -67,6 +71,7 @@ class _Totals:
                 totals = self.files[report.nodeid.split("::")[0]]
                 for index, seconds in enumerate(value):
                     totals[index] += seconds
+                self.tests[report.nodeid] = value[0]
 
     @pytest.hookimpl(trylast=True)  # after the durations
     def pytest_terminal_summary(self, terminalreporter, config):
@@ -79,7 +84,8 @@ class _Totals:
             seconds, own, started = (round(total) for total in totals(self.files))
             with open(os.environ["CI_TIMES"], "a", encoding="utf-8") as file:
                 file.write(json.dumps({"stage": os.environ.get("CI_STAGE"), "tests": {
-                    "seconds": seconds, "own_cpu": own, "started_cpu": started}}) + "\n")
+                    "seconds": seconds, "own_cpu": own, "started_cpu": started},
+                    "slowest": slowest(self.tests)}) + "\n")
 
 
 def pytest_configure(config):
@@ -90,6 +96,13 @@ def pytest_configure(config):
 def totals(files):
     """(seconds, own CPU, started processes' CPU) summed over {file: those three}."""
     return tuple(sum(values[i] for values in files.values()) for i in range(3))
+
+
+def slowest(tests, count=_SLOWEST_KEPT):
+    """{nodeid: seconds, to 0.1 s} of the `count` slowest of {nodeid: seconds}, slowest
+    first: what CI's record keeps of each pytest run's tests (the walk's are its pages)."""
+    ranked = sorted(tests.items(), key=lambda item: -item[1])[:count]
+    return {nodeid: round(seconds, 1) for nodeid, seconds in ranked}
 
 
 def summary(files):

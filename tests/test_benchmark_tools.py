@@ -322,6 +322,14 @@ def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, 
             if stage == "suite (jax)":  # the pytest run's own line comes before its stage's
                 file.write(json.dumps({"stage": stage, "tests": {
                     "seconds": 521, "own_cpu": 265, "started_cpu": 171}}) + "\n")
+            if stage == "walk":  # its tests are its pages, "@" their chain (--dist loadgroup)
+                page = "tests/test_pages.py::test_the_page_runs[{}]@{}".format
+                file.write(json.dumps({"stage": stage, "tests": {
+                    "seconds": 760, "own_cpu": 1, "started_cpu": 700}, "slowest": {
+                    page("docs/results.md", "multi30k"): 301.4, page("docs/wmt14.md", "wmt14"):
+                    189.6, page("docs/translation.md", "multi30k"): 120.2,
+                    page("README.md", "quickstart"): 99.0, "tests/test_x.py::test_y": 3.0,
+                    page("docs/serving.md", "quickstart"): 50.3}}) + "\n")
             file.write(json.dumps({"stage": stage, "seconds": value}) + "\n")
     monkeypatch.setenv("CI", "true")
     ci_times.main(str(lines), str(tmp_path / "times.json"))
@@ -331,8 +339,10 @@ def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, 
         tables.KINDS["ci"]("ci", [record])
     record["stages"].append({"stage": "all", "seconds": 1206})
     # A folder of records, from two CPUs: a column each.
+    # (the other's record, like those from before CI kept its tests' times, has no pages)
     other = {**record, "commit": "abc1234", "cpu": "AMD EPYC", "isa": "AVX2", "stages": [
-        {**stage, "seconds": 2 * stage["seconds"]} for stage in record["stages"]]}
+        {**{key: value for key, value in stage.items() if key != "slowest"},
+         "seconds": 2 * stage["seconds"]} for stage in record["stages"]]}
     text = tables.KINDS["ci"]("ci", [record, other])
     assert text.startswith(f"- `CI=true bash .ci/run` at commit `{record['commit']}`, on ")
     assert (f"\n- `CI=true bash .ci/run` at commit `abc1234`, on {other['cores']} cores of "
@@ -344,7 +354,16 @@ def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, 
     assert ("| **the README's test command** (the six above) | **796** (13.3 min) | "
             "**1,592** (26.5 min) |") in text
     assert "| **all of `.ci/run`** | **1,206** (20.1 min) | **2,412** (40.2 min) |" in text
-    assert text.endswith("| the suite, JAX pass | AMD EPYC (AVX2) | 521 | 265 | 171 | 85 |")
+    assert "| the suite, JAX pass | AMD EPYC (AVX2) | 521 | 265 | 171 | 85 |\n" in text
+    # The walk's chains, from the record that keeps its pages (the other's column is left
+    # out): the longest chain first, then its pages, slowest first.
+    chains = text[text.index("| chain, then its pages"):].splitlines()
+    assert chains[0] == f"| chain, then its pages | {machine}, commit `{record['commit']}` |"
+    assert chains[2:] == ["| **multi30k** | **422** |", "| docs/results.md | 301 |",
+                          "| docs/translation.md | 120 |", "| **wmt14** | **190** |",
+                          "| docs/wmt14.md | 190 |", "| **quickstart** | **149** |",
+                          "| README.md | 99 |", "| docs/serving.md | 50 |"]
+    assert "chain, then its pages" not in tables.KINDS["ci"]("ci", [other])
 
 
 def test_decoding_runs_against_ctranslate2_make_the_peers_tables(tables):

@@ -2,6 +2,7 @@
 file of three tests (one waits, one starts a busy process, one is busy itself), under
 pytest-xdist as .ci/run runs the passes."""
 
+import json
 import os
 import re
 import subprocess
@@ -35,13 +36,13 @@ def test_is_busy():
 '''
 
 
-def run_pytest(folder, *arguments):
+def run_pytest(folder, *arguments, **environment):
     (folder / "test_sample.py").write_text(SAMPLE)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.cpu_time",
          "-n", "2", *arguments, "test_sample.py"], cwd=folder, capture_output=True, text=True,
         timeout=120, env=dict({k: v for k, v in os.environ.items() if k != "CI_TIMES"},
-                              PYTHONPATH=REPOSITORY))
+                              PYTHONPATH=REPOSITORY, **environment))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 
@@ -58,6 +59,20 @@ def test_the_report_splits_the_tests_time_into_own_cpu_started_processes_and_wai
     assert "started processes' CPU by file: test_sample.py 1 s" in output
     # After the durations, which come first.
     assert output.index("slowest durations") < output.index("where the tests' time went")
+
+
+def test_ci_keeps_the_split_and_each_tests_seconds_in_its_record(tmp_path):
+    """Under CI_TIMES (.ci/run's), the report is a line of JSON for .ci/times.py: the split
+    under the stage CI_STAGE names, and the seconds of the slowest tests, slowest first."""
+    lines = tmp_path / "times.jsonl"
+    run_pytest(tmp_path, "--durations", "0", CI_TIMES=str(lines), CI_STAGE="a stage")
+    [entry] = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert entry["stage"] == "a stage" and entry["tests"]["seconds"] >= 2
+    assert sorted(entry["slowest"]) == [f"test_sample.py::test_{name}" for name in (
+        "is_busy", "starts_a_busy_process", "waits")]
+    assert all(seconds >= 0.6 for seconds in entry["slowest"].values())
+    assert list(entry["slowest"].values()) == sorted(entry["slowest"].values(), reverse=True)
+    assert cpu_time.slowest({"a": 1.04, "b": 3.0, "c": 2.0}, count=2) == {"b": 3.0, "c": 2.0}
 
 
 def test_without_durations_there_is_no_report(monkeypatch):

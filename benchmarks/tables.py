@@ -222,6 +222,29 @@ def _decoding_peers(kind, runs):
     ])
 
 
+def _streaming(kind, run):
+    """A `streaming.py --output FILE` run (docs/translation.md): the command, commit and
+    machine; the medians of the start-up, the file and the pipe, and the slow writer's
+    latencies, the first line's and the range of the others'."""
+    import run_all
+
+    medians, first, *later = run["median_seconds"], *run["writer_latencies"]
+    rows = [("the command with an empty input (its start-up: TensorFlow and the model)",
+             f"{medians['start-up']:.2f}"),
+            (f"{run['lines']:,} lines from a file, start-up included", f"{medians['file']:.2f}"),
+            (f"{run['lines']:,} lines from a pipe that `cat` fills, start-up included",
+             f"{medians['pipe']:.2f}"),
+            ("a slow writer's first line, answered (its search compiles)", f"{first:.3f}"),
+            (f"each of its {len(later)} later lines, answered (the 50 ms wait for more lines, "
+             "and the search)", f"{min(later):.3f} to {max(later):.3f}")]
+    return "\n".join([
+        f"- `{run['command']}` at commit `{run['commit']}`, on "
+        f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}, "
+        f"under {BACKEND_NAMES[run['backend']]}; start-up, file and pipe: the median of "
+        f"{run['repeats']} runs each", "",
+        run_all.table(("what", "seconds"), rows)])
+
+
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
@@ -237,6 +260,7 @@ KINDS = {
     "wmt14_scale": records.wmt14_scale,  # a folder of wmt14_scale.py --output runs
     "headlines": records.headlines,  # README's results, a row each from its results file
     "backends": records.backends,  # one command on each backend: a row per run's record
+    "streaming": _streaming,  # streaming.py --output: translate's start-up, file, pipe, writer
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model

@@ -695,3 +695,27 @@ def test_a_gpu_run_with_its_baseline_makes_the_table_of_before_and_after(tables)
         "2.5e9 / 622,400 = 4,017 s ≈ 1.1 hours |",
         "| big | 300,000 × ~25,000 | 7.5 billion | 622,400 | "
         "7.5e9 / 622,400 = 12,050 s ≈ 3.3 hours |"]
+
+
+def test_a_streaming_run_makes_translations_table_and_bad_sizes_are_refused(tables, tmp_path):
+    """streaming.py's results (docs/translation.md): the medians of start-up, file and pipe,
+    the writer's first latency and the range of the others'; sizes below 1 and a missing
+    model are refused before any process starts."""
+    run = {"command": "python benchmarks/streaming.py runs/quickstart", "commit": "abc1234",
+           "backend": "jax", "lines": 300, "repeats": 3,
+           "machine": {"usable_cores": 2, "cpu": "AMD EPYC", "isa": "AVX2"},
+           "median_seconds": {"start-up": 6.444, "file": 9.613, "pipe": 9.705},
+           "writer_latencies": [1.2434, 0.0581, 0.0572, 0.0576]}
+    lines = tables.KINDS["streaming"]("streaming", run).splitlines()
+    assert lines[0] == ("- `python benchmarks/streaming.py runs/quickstart` at commit `abc1234`, "
+                        "on 2 cores of AMD EPYC (AVX2), under JAX; start-up, file and pipe: the "
+                        "median of 3 runs each")
+    assert [line.rsplit("|", 2)[1].strip() for line in lines[4:]] == [
+        "6.44", "9.61", "9.71", "1.243", "0.057 to 0.058"]
+    assert "| 300 lines from a pipe that `cat` fills, start-up included |" in lines[6]
+    assert "each of its 3 later lines" in lines[8]
+    streaming = benchmark_module("streaming")
+    with pytest.raises(ValueError, match="--lines and --repeats must be at least 1"):
+        streaming.main([str(tmp_path), "--lines", "0"])
+    with pytest.raises(FileNotFoundError, match="no model at"):
+        streaming.main([str(tmp_path / "missing")])

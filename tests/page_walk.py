@@ -137,9 +137,10 @@ SUBSTITUTIONS = {
                      "head -n 10 >", "sizes: 10 sentences"),
         Substitution("zcat $M30K/test_2016_flickr.en.gz >", "zcat $M30K/test_2016_flickr.en.gz | "
                      "head -n 10 >", "sizes: 10 sentences"),
-        Substitution("s(300, seed=7)", "s(30, seed=7)", "sizes: 30 sentences, not 300"),
-        Substitution("(sleep 20;", "(sleep 8;",
-                     "the writer's first wait: the walk checks the status, not the latencies"),
+        Substitution("benchmarks/streaming.py runs/quickstart",
+                     "benchmarks/streaming.py runs/quickstart --quick",
+                     "sizes: 30 lines, one run of each, the writer's first wait 8 s: the walk "
+                     "checks the status, not the times"),
     ),
     "docs/serving.md": (
         Substitution(_EXPORT, f"{_EXPORT} {_FEW_SHAPES}", _FEW_SHAPES_WHY),

@@ -17,7 +17,7 @@ checkout's program), and measures:
                  lines before it translates what it has.
 
 The backend is KERAS_BACKEND's, which the processes inherit. The searches are the
-command's defaults (beam 4). A full run takes about two minutes on 2 cores.
+command's defaults (beam 4). A full run took 2.5 minutes on 2 cores of an AMD EPYC.
 
     python benchmarks/streaming.py runs/quickstart --output docs/results/streaming-quickstart.json
     python benchmarks/streaming.py runs/quickstart --quick   # a smoke run, figures meaningless

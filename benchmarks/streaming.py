@@ -1,5 +1,5 @@
 """`keras-transformer translate` reading standard input: a file against a pipe, and a slow
-writer's lines answered as they come (docs/translation.md, "Streaming and batching").
+writer's lines answered as they come (docs/translation.md, "Streaming and batching, measured").
 
 For MODEL (a run directory or a `.keras` file with its tokenizer), runs the command line as
 a user does, a process each time (`python -m keras_transformer_app translate MODEL`, this
@@ -13,8 +13,9 @@ checkout's program), and measures:
     writer       one process fed by a slow writer: after `--start-wait` seconds (the
                  command has loaded), one line, a wait of 5 s, then five more a second
                  apart; each line's answer time minus its write time. The first line's
-                 search compiles; the others' include the 50 ms the command waits for more
-                 lines before it translates what it has.
+                 search compiles; the others' include the time the command waits for more
+                 lines before it translates what it has (`WAIT_MS` of
+                 keras_transformer_app/cli/translate.py, recorded as `wait_ms`).
 
 The backend is KERAS_BACKEND's, which the processes inherit. The searches are the
 command's defaults (beam 4). A full run took 2.5 minutes on 2 cores of an AMD EPYC.
@@ -27,11 +28,13 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
     import checkout  # noqa: F401  this tree's library and program, installed or not
 
 import os
+import queue
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +42,8 @@ import common
 
 WRITER_LINES = ("kave tomi tozu", "sipe rato", "tomi kave sipe tozu", "rato vewi", "kave sipe",
                 "tozu tomi rato")
-FIRST_PAUSE = 5.0  # seconds after the writer's first line; then a second after each line
+FIRST_PAUSE = 5.0  # seconds after the writer's first line was written
+LATER_PAUSE = 1.0  # seconds after each of the others
 
 
 def translate_command(model):
@@ -60,32 +64,51 @@ def timed_run(command, stdin, shell=False):
     return seconds
 
 
-def writer_latencies(model, start_wait, lines=WRITER_LINES):
-    """Seconds from each line's write to its answer, the writer as the module says."""
+def writer_latencies(model, start_wait, lines=WRITER_LINES, timeout=120):
+    """Seconds from each line's write to its answer, the writer as the module says. An
+    answer that has not come within `timeout` seconds, or a command that ends before its
+    answers, is an error with the command's last error lines."""
+    errors = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(translate_command(model), stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               bufsize=1, cwd=common.REPOSITORY)
+                               stdout=subprocess.PIPE, stderr=errors, text=True, bufsize=1,
+                               cwd=common.REPOSITORY)
+    answers = queue.Queue()  # read by a thread, so that a silent command cannot hang us
+
+    def read():
+        for answer in process.stdout:
+            answers.put(answer)
+        answers.put(None)  # the end of its output
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def failed(what):
+        errors.seek(0)
+        return RuntimeError(f"the writer's command {what}: {errors.read()[-2000:]}")
+
     latencies = []
     try:
         time.sleep(start_wait)
         for index, line in enumerate(lines):
             wrote = time.perf_counter()
-            process.stdin.write(line + "\n")
-            process.stdin.flush()
-            answer = process.stdout.readline()
+            try:
+                process.stdin.write(line + "\n")
+                process.stdin.flush()
+                if answers.get(timeout=timeout) is None:
+                    raise BrokenPipeError
+            except (BrokenPipeError, queue.Empty):
+                raise failed(f"did not answer {line!r} (status {process.poll()})") from None
             latencies.append(time.perf_counter() - wrote)
-            if not answer:
-                raise RuntimeError(f"the command ended before answering {line!r}")
-            pause = (FIRST_PAUSE if index == 0 else 1.0) - latencies[-1]
+            pause = (FIRST_PAUSE if index == 0 else LATER_PAUSE) - latencies[-1]
             if index + 1 < len(lines) and pause > 0:
                 time.sleep(pause)
         process.stdin.close()
-        if process.wait(timeout=120) != 0:
-            raise RuntimeError(f"the writer's command ended with status {process.returncode}")
+        if process.wait(timeout=timeout) != 0:
+            raise failed(f"ended with status {process.returncode}")
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+        errors.close()
     return latencies
 
 
@@ -100,7 +123,8 @@ def build_parser():
                         help="seconds the writer waits before its first line, for the command "
                              "to load (default 20)")
     parser.add_argument("--quick", action="store_true",
-                        help="30 lines, 1 repeat, a writer's wait of 8 s: a smoke run")
+                        help="30 lines, 1 repeat, a writer's wait of 8 s, whatever the options "
+                             "above say: a smoke run, whose first latency may hold the start-up")
     parser.add_argument("--output", help="write the results to this JSON file")
     return parser
 
@@ -132,7 +156,10 @@ def main(argv=None):
                                           shell=True))
     common.progress("the slow writer")
     latencies = writer_latencies(model, args.start_wait)
+    from keras_transformer_app.cli import translate
+
     results = {"backend": common.backend_name(), "model": args.model, "lines": args.lines,
+               "wait_ms": translate.WAIT_MS, "batch_size": translate.BATCH_SIZE,
                "repeats": args.repeats, "start_wait": args.start_wait, "seconds": runs,
                "median_seconds": {name: statistics.median(values)
                                   for name, values in runs.items()},

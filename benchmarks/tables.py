@@ -85,7 +85,7 @@ def _ci(kind, runs):
     """CI's records (.ci/times.py), a file each (a folder, in the order of their names), a
     column each: the seconds of each stage, of the README's test command and of all of CI;
     then where each pytest run's tests' time went (tests/cpu_time.py), a row per run and
-    record."""
+    record; then the walk's chains, from the records that keep them (`_walk_chains`)."""
     import run_all
 
     labels = list(_CI_STAGES.values())
@@ -152,8 +152,8 @@ def _walk_chains(runs, columns):
             if page not in chains.setdefault(chain, []):
                 chains[chain].append(page)
 
-    def total(pages, chain):
-        return sum(seconds for (name, _), seconds in pages.items() if name == chain)
+    def total(pages, chain):  # of the seconds as the rows show them
+        return sum(round(seconds) for (name, _), seconds in pages.items() if name == chain)
 
     rows = []
     for chain in sorted(chains, key=lambda name: -total(first, name)):
@@ -162,7 +162,9 @@ def _walk_chains(runs, columns):
         rows += [(page, *(f"{pages[chain, page]:,.0f}" if (chain, page) in pages else "–"
                           for _, pages in walks)) for page in chains[chain]]
     return ["", "The walk's chains, each a page after another on one worker, the chains side by "
-            "side, in seconds (a page's test, its chain's clone included in its first page's):",
+            "side, in seconds, from the records that keep each test's seconds: a chain, then "
+            "its pages, slowest first (a page's test; the chain's first page in its walk order, "
+            "`CHAINS` in tests/page_walk.py, also makes the chain's clone):",
             "", run_all.table(("chain, then its pages", *(column for column, _ in walks)), rows)]
 
 
@@ -228,15 +230,21 @@ def _streaming(kind, run):
     latencies, the first line's and the range of the others'."""
     import run_all
 
-    medians, first, *later = run["median_seconds"], *run["writer_latencies"]
+    medians, (first, *later) = run["median_seconds"], run["writer_latencies"]
+    if not later:
+        raise ValueError("a streaming run's writer sent fewer than two lines")
+    if run["start_wait"] < 1.5 * medians["start-up"]:
+        raise ValueError(f"the writer waited {run['start_wait']:g} s for a command that "
+                         f"starts in {medians['start-up']:.1f} s: its first line's time may "
+                         "hold the start-up (run it with a longer --start-wait)")
     rows = [("the command with an empty input (its start-up: TensorFlow and the model)",
              f"{medians['start-up']:.2f}"),
             (f"{run['lines']:,} lines from a file, start-up included", f"{medians['file']:.2f}"),
             (f"{run['lines']:,} lines from a pipe that `cat` fills, start-up included",
              f"{medians['pipe']:.2f}"),
             ("a slow writer's first line, answered (its search compiles)", f"{first:.3f}"),
-            (f"each of its {len(later)} later lines, answered (the 50 ms wait for more lines, "
-             "and the search)", f"{min(later):.3f} to {max(later):.3f}")]
+            (f"each of its {len(later)} later lines, answered (the {run['wait_ms']} ms wait for "
+             "more lines, and the search)", f"{min(later):.3f} to {max(later):.3f}")]
     return "\n".join([
         f"- `{run['command']}` at commit `{run['commit']}`, on "
         f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}, "

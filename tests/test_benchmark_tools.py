@@ -359,10 +359,23 @@ def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, 
     # out): the longest chain first, then its pages, slowest first.
     chains = text[text.index("| chain, then its pages"):].splitlines()
     assert chains[0] == f"| chain, then its pages | {machine}, commit `{record['commit']}` |"
-    assert chains[2:] == ["| **multi30k** | **422** |", "| docs/results.md | 301 |",
+    # (a chain's total is the sum of its rows)
+    assert chains[2:] == ["| **multi30k** | **421** |", "| docs/results.md | 301 |",
                           "| docs/translation.md | 120 |", "| **wmt14** | **190** |",
                           "| docs/wmt14.md | 190 |", "| **quickstart** | **149** |",
                           "| README.md | 99 |", "| docs/serving.md | 50 |"]
+    # Two records with pages: a column each, "–" where a record lacks a page or a chain.
+    third = {**other, "commit": "def5678", "stages": [
+        {**stage, "slowest": {page("docs/results.md", "multi30k"): 200.2,
+                              page("docs/distributed.md", "distributed"): 88.0}}
+        if stage["stage"] == "walk" else stage for stage in other["stages"]]}
+    chains = tables.KINDS["ci"]("ci", [record, third]).split("| chain, then its pages")[1]
+    assert chains.splitlines()[2:] == [
+        "| **multi30k** | **421** | **200** |", "| docs/results.md | 301 | 200 |",
+        "| docs/translation.md | 120 | – |", "| **wmt14** | **190** | – |",
+        "| docs/wmt14.md | 190 | – |", "| **quickstart** | **149** | – |",
+        "| README.md | 99 | – |", "| docs/serving.md | 50 | – |",
+        "| **distributed** | – | **88** |", "| docs/distributed.md | – | 88 |"]
     assert "chain, then its pages" not in tables.KINDS["ci"]("ci", [other])
 
 
@@ -702,7 +715,7 @@ def test_a_streaming_run_makes_translations_table_and_bad_sizes_are_refused(tabl
     the writer's first latency and the range of the others'; sizes below 1 and a missing
     model are refused before any process starts."""
     run = {"command": "python benchmarks/streaming.py runs/quickstart", "commit": "abc1234",
-           "backend": "jax", "lines": 300, "repeats": 3,
+           "backend": "jax", "lines": 300, "repeats": 3, "wait_ms": 50, "start_wait": 20.0,
            "machine": {"usable_cores": 2, "cpu": "AMD EPYC", "isa": "AVX2"},
            "median_seconds": {"start-up": 6.444, "file": 9.613, "pipe": 9.705},
            "writer_latencies": [1.2434, 0.0581, 0.0572, 0.0576]}
@@ -713,9 +726,38 @@ def test_a_streaming_run_makes_translations_table_and_bad_sizes_are_refused(tabl
     assert [line.rsplit("|", 2)[1].strip() for line in lines[4:]] == [
         "6.44", "9.61", "9.71", "1.243", "0.057 to 0.058"]
     assert "| 300 lines from a pipe that `cat` fills, start-up included |" in lines[6]
-    assert "each of its 3 later lines" in lines[8]
+    assert "each of its 3 later lines, answered (the 50 ms wait for more lines" in lines[8]
+    # A writer that did not wait out the start-up, or sent one line, makes no table.
+    with pytest.raises(ValueError, match="may hold the start-up"):
+        tables.KINDS["streaming"]("streaming", {**run, "start_wait": 8.0})
+    with pytest.raises(ValueError, match="fewer than two lines"):
+        tables.KINDS["streaming"]("streaming", {**run, "writer_latencies": [1.0]})
     streaming = benchmark_module("streaming")
     with pytest.raises(ValueError, match="--lines and --repeats must be at least 1"):
         streaming.main([str(tmp_path), "--lines", "0"])
     with pytest.raises(FileNotFoundError, match="no model at"):
         streaming.main([str(tmp_path / "missing")])
+
+
+ECHO = "import sys\nfor line in sys.stdin:\n    print(line.strip()[::-1], flush=True)\n"
+
+
+def test_the_slow_writer_times_each_answer_and_a_command_that_stops_answering_is_an_error(
+        monkeypatch):
+    """streaming.py's writer on a stand-in for `translate` (a Python loop that answers each
+    line at once): a latency per line, and a command that ends, or says nothing, fails with
+    its error output instead of waiting for ever."""
+    streaming = benchmark_module("streaming")
+    monkeypatch.setattr(streaming, "FIRST_PAUSE", 0.0)
+    monkeypatch.setattr(streaming, "LATER_PAUSE", 0.0)
+    monkeypatch.setattr(streaming, "translate_command",
+                        lambda model: [sys.executable, "-c", model])
+    latencies = streaming.writer_latencies(ECHO, start_wait=0)
+    assert len(latencies) == len(streaming.WRITER_LINES)
+    assert all(0 < seconds < 5 for seconds in latencies)
+    ends = "import sys\nsys.stderr.write('model not found')\nsys.exit(3)"
+    with pytest.raises(RuntimeError, match=r"did not answer 'kave tomi tozu'.*model not found"):
+        streaming.writer_latencies(ends, start_wait=0.5)
+    silent = "import sys, time\nsys.stdin.readline()\ntime.sleep(30)"
+    with pytest.raises(RuntimeError, match="did not answer 'kave tomi tozu'"):
+        streaming.writer_latencies(silent, start_wait=0, timeout=1)

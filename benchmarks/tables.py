@@ -144,10 +144,8 @@ def _walk_chains(runs, columns):
     if not walks:
         return []
     first = walks[0][1]
-    chains = {}
-    for (chain, page), seconds in first.items():
-        chains.setdefault(chain, []).append(page)
-    for _, pages in walks[1:]:
+    chains = {}  # chain -> its pages, in the order the records list them, the first's first
+    for _, pages in walks:
         for chain, page in pages:
             if page not in chains.setdefault(chain, []):
                 chains[chain].append(page)

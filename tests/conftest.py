@@ -138,6 +138,39 @@ ONCE_DOCTESTS = ("keras_transformer/evaluation.py", "keras_transformer/validatio
                  "tests/helpers.py")
 
 
+# Under JAX the test processes and the processes they start keep the programs XLA compiles
+# in one folder per run of pytest, so that a test compiling a program another test compiled
+# (the same tiny model's training step, search or loss) reads it: JAX's persistent cache,
+# keyed by the program, the compiler's flags and the versions, so a program read is the one
+# the test would have compiled. Every compilation is kept (JAX keeps those of a second or
+# more by default). Measured on the JAX pass's in-process tests (the model's, layers',
+# decoding's, training's and the loss in chunks): 201 s without, 178 s with (AMD EPYC with
+# AVX2). TensorFlow's own persistent XLA cache (TF_XLA_FLAGS) gained nothing there (113 s and
+# 117 s on its model and decoding tests: its tests trace different functions). A folder
+# already in JAX_COMPILATION_CACHE_DIR is kept, and then not removed: a developer who names
+# one keeps the programs for the next run. The recipes' runs still put theirs in their run
+# directory (keras_transformer.backend.use_compilation_cache), as users' runs do.
+_JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
+
+
+def _one_compilation_cache_per_run(config):
+    """Sets the JAX cache's environment in pytest's own process, before xdist starts the
+    workers (they inherit it); returns the folder to remove at the end, or None."""
+    if hasattr(config, "workerinput"):
+        return None
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    if os.environ.get(_JAX_CACHE):
+        return None
+    import tempfile
+
+    os.environ[_JAX_CACHE] = tempfile.mkdtemp(prefix="keras-transformer-tests-xla-")
+    return os.environ[_JAX_CACHE]
+
+
+_CACHE_FOLDER = pytest.StashKey[str]()
+
+
 def _markers(item):
     """{marker name: its args}, a test's own marker over its module's."""
     return {mark.name: mark.args for mark in reversed(list(item.iter_markers()))}
@@ -145,6 +178,9 @@ def _markers(item):
 
 def pytest_configure(config):
     _a_share_of_the_cores_per_worker(config)
+    folder = _one_compilation_cache_per_run(config)
+    if folder:
+        config.stash[_CACHE_FOLDER] = folder
     if hasattr(config.option, "loadscopereorder"):  # xdist's files in collection order
         config.option.loadscopereorder = False
     config.addinivalue_line(
@@ -163,6 +199,15 @@ def pytest_configure(config):
         "markers", "backs(page, quote): the test checks the statement of the page that the "
                    "quote (a piece of one line) is taken from; docs/claims.md lists them "
                    "(tests/claims.py)")
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(_CACHE_FOLDER, None)
+    if folder:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        del os.environ[_JAX_CACHE]
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` reads the markers added here

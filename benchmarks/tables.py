@@ -251,6 +251,37 @@ def _streaming(kind, run):
         run_all.table(("what", "seconds"), rows)])
 
 
+def _chunked_loss(kind, run):
+    """A `chunked_loss.py --output FILE` run (benchmarks/RESULTS.md): the command, commit
+    and machine; per backend and vocabulary, each chunk size's ms per step (the median of
+    the rounds, and their range) and peak RSS, and its step over the whole logits'."""
+    import run_all
+
+    if "--quick" in run["command"].split():
+        raise ValueError("a chunked_loss.py --quick run's figures are meaningless: run it "
+                         "without --quick")
+    rounds = {len(row["round_ms_per_step"]) for row in run["rows"]}
+    whole = {(row["backend"], row["vocab_size"]): row["ms_per_step"] for row in run["rows"]
+             if row["chunk_size"] is None}
+    rows = []
+    for row in run["rows"]:
+        base = whole.get((row["backend"], row["vocab_size"]))
+        spread = row["round_ms_per_step"]
+        rows.append((BACKEND_NAMES[row["backend"]], f"{row['vocab_size']:,}",
+                     f"chunks of {row['chunk_size']:,}" if row["chunk_size"] else "whole",
+                     f"{row['ms_per_step']:,.0f}", f"{min(spread):,.0f}–{max(spread):,.0f}",
+                     f"{row['ms_per_step'] / base:.2f}" if base else "–",
+                     f"{row['peak_rss_mb'] / 1024:.2f} GiB"))
+    batch, length = run["batch"]
+    return "\n".join([
+        f"- `{run['command']}` at commit `{run['commit']}`, on "
+        f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}; "
+        f"one batch of {batch} × {length} tokens a side, one process per row and round, "
+        f"the median of {'/'.join(str(n) for n in sorted(rounds))} interleaved rounds", "",
+        run_all.table(("backend", "vocabulary", "logits", "ms per step", "rounds",
+                       "× whole logits", "peak RSS"), rows)])
+
+
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
@@ -267,6 +298,7 @@ KINDS = {
     "headlines": records.headlines,  # README's results, a row each from its results file
     "backends": records.backends,  # one command on each backend: a row per run's record
     "streaming": _streaming,  # streaming.py --output: translate's start-up, file, pipe, writer
+    "chunked_loss": _chunked_loss,  # chunked_loss.py --output: the step, whole against chunks
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model

@@ -7,6 +7,7 @@ here); and what a result records of where it comes from."""
 import json
 import os
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -737,6 +738,47 @@ def test_a_streaming_run_makes_translations_table_and_bad_sizes_are_refused(tabl
         streaming.main([str(tmp_path), "--lines", "0"])
     with pytest.raises(FileNotFoundError, match="no model at"):
         streaming.main([str(tmp_path / "missing")])
+
+
+def test_a_chunked_loss_run_makes_its_table_and_a_quick_one_is_refused(tables, tmp_path,
+                                                                         monkeypatch):
+    """chunked_loss.py's results (benchmarks/RESULTS.md), from its own main with each
+    child's line given: per backend and vocabulary the median of the rounds, their range,
+    the step over the whole logits' and the peak RSS; a --quick run makes no table."""
+    chunked_loss = benchmark_module("chunked_loss")
+    steps = {("torch", "0"): [410.0, 400.0, 420.0], ("torch", "1024"): [330.0, 350.0, 340.0],
+             ("jax", "0"): [500.0, 510.0, 505.0], ("jax", "1024"): [600.0, 590.0, 610.0]}
+    calls, real_run = [], subprocess.run  # the module is shared: git's calls go through
+
+    def child(command, env=None, **keywords):
+        if "--child" not in command:
+            return real_run(command, env=env, **keywords)
+        vocab, chunk = command[command.index("--child") + 1].split(",")
+        round_ = sum(1 for c in calls if c == (env["KERAS_BACKEND"], chunk))
+        calls.append((env["KERAS_BACKEND"], chunk))
+        line = json.dumps({"ms_per_step": steps[env["KERAS_BACKEND"], chunk][round_],
+                           "peak_rss_mb": 1024.0 + 100 * round_})
+        return subprocess.CompletedProcess(command, 0, stdout=f"progress\n{line}\n")
+
+    monkeypatch.setattr(chunked_loss.subprocess, "run", child)
+    output = tmp_path / "chunked.json"
+    chunked_loss.main(["--backends", "torch,jax", "--vocab-sizes", "8000",
+                       "--output", str(output)])
+    assert calls[:4] == [("torch", "0"), ("torch", "1024"), ("jax", "0"), ("jax", "1024")]
+    run = json.loads(output.read_text())
+    lines = tables.KINDS["chunked_loss"]("chunked_loss", run).splitlines()
+    assert lines[0].startswith(f"- `{run['command']}` at commit `{run['commit']}`, on ")
+    assert "python benchmarks/chunked_loss.py --backends torch,jax " in run["command"]
+    assert lines[0].endswith("; one batch of 64 × 32 tokens a side, one process per row and "
+                             "round, the median of 3 interleaved rounds")
+    assert lines[4:] == [
+        "| torch | 8,000 | whole | 410 | 400–420 | 1.00 | 1.10 GiB |",
+        "| torch | 8,000 | chunks of 1,024 | 340 | 330–350 | 0.83 | 1.10 GiB |",
+        "| JAX | 8,000 | whole | 505 | 500–510 | 1.00 | 1.10 GiB |",
+        "| JAX | 8,000 | chunks of 1,024 | 600 | 590–610 | 1.19 | 1.10 GiB |"]
+    with pytest.raises(ValueError, match="--quick run's figures are meaningless"):
+        tables.KINDS["chunked_loss"]("chunked_loss", {**run, "command": run["command"] +
+                                                      " --quick"})
 
 
 ECHO = "import sys\nfor line in sys.stdin:\n    print(line.strip()[::-1], flush=True)\n"

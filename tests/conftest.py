@@ -155,8 +155,9 @@ _JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
 
 def _one_compilation_cache_per_run(config):
     """Sets the JAX cache's environment in pytest's own process, before xdist starts the
-    workers (they inherit it); returns the folder to remove at the end, or None."""
-    if hasattr(config, "workerinput"):
+    workers (they inherit it); returns the folder to remove at the end, or None. Not for
+    the walk, whose commands run as a user's would, each chain in a clone of its own."""
+    if hasattr(config, "workerinput") or config.getoption("walk"):
         return None
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

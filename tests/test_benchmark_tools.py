@@ -129,11 +129,13 @@ def test_a_figure_changed_by_hand_is_found_and_written_again(tables, tmp_path):
     for name in ("RESULTS.md", "RESULTS.json"):
         (tmp_path / "benchmarks" / name).write_text(
             open(os.path.join(REPOSITORY, "benchmarks", name), encoding="utf-8").read())
-    for folder in ("results", "gpu_runs"):  # the files its other blocks read
-        shutil.copytree(os.path.join(REPOSITORY, "benchmarks", folder),
-                        tmp_path / "benchmarks" / folder)
     page = tmp_path / "benchmarks" / "RESULTS.md"
     text = page.read_text()
+    for source in {source for _, source, _, _ in tables.blocks(text)}:  # what its blocks read
+        copy, original = tmp_path / source, os.path.join(REPOSITORY, source)
+        if not copy.exists():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if os.path.isdir(original) else shutil.copyfile)(original, copy)
     # A row of the matmul table, as RESULTS.json gives it, with its first figure changed.
     [row] = [line for line in tables.render("benchmarks/RESULTS.json", "run_all.matmul",
                                             str(tmp_path)).splitlines()

@@ -196,8 +196,11 @@ def wmt14_scale(kind, runs):
                            for label in labels),
                          f"{padding[0]}% / {padding[1]}%" if padding else "—"))
         notes.append(f"{result['tokens_per_batch']:,} tokens, {loss}: commit "
-                     f"`{result['commit']}`, {result['pairs']:,} pairs, {result['backend']}, "
-                     f"a token cache of {result['cache_mb']:,.0f} MiB")
+                     f"`{result['commit']}`, {result['pairs']:,} pairs"
+                     + (f" ({result['corpus_gb']:.1f} GB of text)" if "corpus_gb" in result
+                        else "")
+                     + f", {result['backend']}, a token cache of {result['cache_mb']:,.0f} MiB"
+                     + _cache_parts(result.get("cache_files_mb")))
     source, target = runs[0]["multi30k_padding"]
     return "\n\n".join([
         run_all.table(("tokens a side", "loss", "run", "peak RSS: data ready / whole run",
@@ -207,6 +210,17 @@ def wmt14_scale(kind, runs):
         "its own training split.",
         "Resident memory (VmRSS) as each line came, and in parentheses the part of it that is "
         "mapped files' pages (RssFile):\n\n" + "\n".join(memory)])
+
+
+def _cache_parts(files):
+    """" (ids 448 MiB, offsets 69 MiB)": a token cache's files (wmt14_scale.py's
+    `cache_files_mb`, {"source_ids.npy": MiB, ...}) summed by kind; "" for a run that
+    predates them."""
+    if not files:
+        return ""
+    parts = {kind: sum(mb for name, mb in files.items() if f"_{kind}." in name)
+             for kind in ("ids", "offsets")}
+    return " (" + ", ".join(f"{kind} {mb:,.0f} MiB" for kind, mb in parts.items()) + ")"
 
 
 def quickstart(kind, record):

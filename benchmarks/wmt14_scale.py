@@ -24,6 +24,8 @@ It reports for each run:
                  batching plan, and the first training steps done ("Trained")
     padding      the share of padding in the batches, from the recipe's "Data:" line,
                  against the Multi30k recipe's on its own data
+    disk         the corpus's size, and the token cache's, each of its files' (the ids
+                 and their offsets, per side)
 
 Goals (issue 52): peak memory <= 4 GB, the first step within 15 minutes of the
 command, a second run's within 2 minutes, padding no worse than Multi30k's. The
@@ -130,6 +132,11 @@ def write_joined(corpus, count, folder, stem, seed):
             made += take
 
 
+def folder_bytes(folder):
+    """{file name: its size in bytes} of the files in `folder`."""
+    return {name: os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)}
+
+
 def make_corpus(args, folder):
     """The recipe's folder layout from Multi30k; returns its size in bytes."""
     start = time.perf_counter()
@@ -138,7 +145,7 @@ def make_corpus(args, folder):
     for stem, source in (("newstest2013", "val"), ("newstest2014", "test_2016_flickr")):
         write_joined(read_multi30k(args.data_dir, source),
                      QUICK_TEST_PAIRS if args.quick else TEST_PAIRS, folder, stem, seed=1)
-    size = sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
+    size = sum(folder_bytes(folder).values())
     common.progress(f"corpus: {args.pairs:,} training pairs, {size / 1e9:.2f} GB, made in "
                     f"{time.perf_counter() - start:.0f} s")
     return size
@@ -273,9 +280,10 @@ def main(argv=None):
                                 "file_gb": {label: kb / 2**20 for label, kb in
                                             watched.file_kb.items() if kb is not None}})
     results["multi30k_padding"] = multi30k_padding(args)
-    cache = os.path.join(run_dir, "token_cache")
-    results["cache_mb"] = sum(os.path.getsize(os.path.join(cache, name))
-                              for name in os.listdir(cache)) / 2**20
+    cache = folder_bytes(os.path.join(run_dir, "token_cache"))
+    results["cache_mb"] = sum(cache.values()) / 2**20
+    results["cache_files_mb"] = {name: size / 2**20 for name, size in sorted(cache.items())}
+    results["corpus_gb"] = sum(folder_bytes(folder).values()) / 1e9
     command = "python " + " ".join(shlex.quote(a) for a in [
         "benchmarks/wmt14_scale.py", *(sys.argv[1:] if argv is None else argv)])
     # The table wmt14.md makes of such files (records.py), of this run alone.

@@ -306,6 +306,15 @@ def test_wmt14_scale_runs_make_the_table_of_memory_and_time(tables):
         "token cache of 516 MiB; 4,096 tokens, whole logits: commit `abcdef1`, 4,500,000 pairs, "
         "tensorflow, a token cache of 516 MiB. The Multi30k recipe pads 13% / 16% of its own "
         "training split.")
+    # A run that records its corpus's size and its cache's files says what they hold.
+    newer = {**result(2048, 1024), "corpus_gb": 1.2449, "cache_files_mb": {
+        "manifest.json": 0.01, "source_ids.npy": 230.1, "source_offsets.npy": 34.3,
+        "target_ids.npy": 217.5, "target_offsets.npy": 34.3}}
+    [runs] = [line for line in tables.KINDS["wmt14_scale"]("wmt14_scale", [newer]).splitlines()
+              if line.startswith("Runs: ")]
+    assert runs.startswith("Runs: 2,048 tokens, chunks of 1,024: commit `abcdef1`, 4,500,000 "
+                           "pairs (1.2 GB of text), tensorflow, a token cache of 516 MiB (ids "
+                           "448 MiB, offsets 69 MiB). ")
 
 
 def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, monkeypatch):

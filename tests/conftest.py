@@ -149,7 +149,9 @@ ONCE_DOCTESTS = ("keras_transformer/evaluation.py", "keras_transformer/validatio
 # 117 s on its model and decoding tests: its tests trace different functions). A folder
 # already in JAX_COMPILATION_CACHE_DIR is kept, and then not removed: a developer who names
 # one keeps the programs for the next run. The recipes' runs still put theirs in their run
-# directory (keras_transformer.backend.use_compilation_cache), as users' runs do.
+# directory (keras_transformer.backend.use_compilation_cache), as users' runs do, but under
+# the tests every compilation, where a user's run keeps those of a second or more: the
+# processes the tests start inherit the two thresholds set here.
 _JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
 
 

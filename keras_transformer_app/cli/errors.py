@@ -342,8 +342,14 @@ def command_line(native_logs=None, flags=None):
                 yield
     finally:
         if main_thread:
-            signal.signal(signal.SIGTERM, previous[0])
-            signal.signal(signal.SIGINT, previous[1])
+            # The handlers this block installed give way to those before it; a signal
+            # the command has since chosen to ignore (`logs.finished`: its work is
+            # done) stays ignored, or a SIGTERM in the interpreter's shutdown would
+            # find the start-up's handler again and end a finished command with 143.
+            for number, handler, ours in ((signal.SIGTERM, previous[0], _terminate),
+                                          (signal.SIGINT, previous[1], _interrupt)):
+                if signal.getsignal(number) is ours:
+                    signal.signal(number, handler)
             sys.unraisablehook = previous[2]
 
 

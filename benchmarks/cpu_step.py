@@ -267,7 +267,7 @@ def main(argv=None):
         return child(args)
     backends = [b for b in args.backends.split(",") if b]
     losses = [loss for loss in args.losses.split(",") if loss]
-    runs = collections.defaultdict(list)
+    runs, windows = collections.defaultdict(list), collections.defaultdict(list)
     profiles = {}
     with tempfile.TemporaryDirectory(prefix="cpu-step-") as folder:
         prepare(args, folder)
@@ -276,9 +276,10 @@ def main(argv=None):
                 for loss in losses:
                     result = run_child(args, folder, backend, loss)
                     runs[backend, loss].append(result["ms_per_step"])
+                    windows[backend, loss].append(result["window_ms_per_step"])
                     if result.get("profile"):
                         profiles[f"{backend} {loss}"] = result["profile"]
-    rows = [{"backend": backend, "loss": loss, "rounds": times,
+    rows = [{"backend": backend, "loss": loss, "rounds": times, "windows": windows[backend, loss],
              "ms_per_step": statistics.median(times)} for (backend, loss), times in runs.items()]
     command = common.command_line("cpu_step.py", argv)
     commit = git_commit()
@@ -289,8 +290,8 @@ def main(argv=None):
             profile["groups_ms"].items(), key=lambda item: -item[1])))
         for op, ms in profile["top_ms"].items():
             print(f"    {ms:8.1f} ms  {op}")
-    results = {"commit": commit, "machine": common.machine(), "rows": rows,
-               "profiles": profiles}
+    results = {"commit": commit, "command": command, "machine": common.machine(),
+               "steps": args.steps, "quick": args.quick, "rows": rows, "profiles": profiles}
     common.write_results(results, args.output)
 
 

@@ -282,6 +282,38 @@ def _chunked_loss(kind, run):
                        "× whole logits", "peak RSS"), rows)])
 
 
+def _cpu_step(kind, runs):
+    """A folder of `cpu_step.py --output FILE` runs (in the order of their names), two
+    columns each: the command, commit and machine (its `--max-isa` cap too) of each; per
+    backend and loss, the ms per step (the median of the rounds, each the median of its
+    windows) and the step over TensorFlow's with the same loss in the same run."""
+    import run_all
+
+    if quick := [run["command"] for run in runs if run.get("quick")]:
+        raise ValueError(f"a cpu_step.py --quick run's figures are meaningless: {quick[0]}")
+    columns, figures = [], {}  # (backend, loss) -> {run's index: (ms, × TensorFlow)}
+    for index, run in enumerate(runs):
+        made = run["machine"]
+        cap = f", capped at {made['isa_cap']}" if made.get("isa_cap") else ""
+        columns += [f"{records._machine(made, False)}{cap}, ms per step", "× TensorFlow"]
+        reference = {row["loss"]: row["ms_per_step"] for row in run["rows"]
+                     if row["backend"] == "tensorflow"}
+        for row in run["rows"]:
+            base = reference.get(row["loss"])
+            figures.setdefault((row["backend"], row["loss"]), {})[index] = (
+                f"{row['ms_per_step']:,.0f}", f"{row['ms_per_step'] / base:.2f}" if base else "–")
+    rows = [(BACKEND_NAMES[backend], loss,
+             *(value for index in range(len(runs)) for value in by_run.get(index, ("–", "–"))))
+            for (backend, loss), by_run in figures.items()]
+    described = [
+        f"- `{run['command']}` at commit `{run['commit']}`, on "
+        f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}"
+        + (f", every engine capped at {cap}" if (cap := run["machine"].get("isa_cap")) else "")
+        + f"; the median of {len(run['rows'][0]['rounds'])} round(s), each the median of "
+        f"{len(run['rows'][0]['windows'][0])} windows of {run['steps']} steps" for run in runs]
+    return "\n".join([*described, "", run_all.table(("backend", "loss", *columns), rows)])
+
+
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
@@ -299,6 +331,7 @@ KINDS = {
     "backends": records.backends,  # one command on each backend: a row per run's record
     "streaming": _streaming,  # streaming.py --output: translate's start-up, file, pipe, writer
     "chunked_loss": _chunked_loss,  # chunked_loss.py --output: the step, whole against chunks
+    "cpu_step": _cpu_step,  # a folder of cpu_step.py --output runs: a column pair each
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model

@@ -792,6 +792,49 @@ def test_a_chunked_loss_run_makes_its_table_and_a_quick_one_is_refused(tables, t
                                                       " --quick"})
 
 
+def test_cpu_step_runs_make_one_table_a_column_pair_each(tables, tmp_path, monkeypatch):
+    """cpu_step.py's results (benchmarks/RESULTS.md), from its own main with each child's
+    line given, one run as the machine is and one under `--max-isa AVX2`'s cap: per
+    backend and loss, each run's ms per step (the median of its rounds) and the step over
+    TensorFlow's with the same loss in the same run; a --quick run makes no table."""
+    cpu_step = benchmark_module("cpu_step")
+    steps = {"tensorflow": 400.0, "jax": 520.0, "torch": 460.0}
+    real_run = subprocess.run  # the module is shared: git's calls go through
+
+    def child(command, env=None, **keywords):
+        if "--child" not in command:
+            return real_run(command, env=env, **keywords)
+        scale = 1.25 if os.environ.get(cpu_step.common.ISA_CAP_VARIABLE) else 1.0
+        windows = [steps[env["KERAS_BACKEND"]] * scale + delta for delta in (-10, 0, 30)]
+        line = json.dumps({"ms_per_step": windows[1], "window_ms_per_step": windows})
+        return subprocess.CompletedProcess(command, 0, stdout=f"  window 1/3\n{line}\n")
+
+    monkeypatch.setattr(cpu_step.subprocess, "run", child)
+    monkeypatch.setattr(cpu_step, "prepare", lambda args, folder: None)
+    folder = tmp_path / "cpu-step"
+    folder.mkdir()
+    arguments = ["--losses", "chunked", "--steps", "40", "--windows", "3", "--rounds", "1"]
+    cpu_step.main([*arguments, "--output", str(folder / "1-as-it-is.json")])
+    monkeypatch.setenv(cpu_step.common.ISA_CAP_VARIABLE, "AVX2")
+    cpu_step.main([*arguments, "--max-isa", "AVX2", "--output", str(folder / "2-capped.json")])
+    runs = tables.records.load(str(folder))
+    assert runs[0]["rows"][0]["windows"] == [[390.0, 400.0, 430.0]]
+    lines = tables.KINDS["cpu_step"]("cpu_step", runs).splitlines()
+    machine = tables.records._machine(runs[0]["machine"], False)
+    assert lines[0] == (f"- `{runs[0]['command']}` at commit `{runs[0]['commit']}`, on "
+                        f"{runs[0]['machine']['usable_cores']} cores of {machine}; the median "
+                        "of 1 round(s), each the median of 3 windows of 40 steps")
+    assert "python benchmarks/cpu_step.py --losses chunked " in runs[0]["command"]
+    assert ", every engine capped at AVX2; " in lines[1] and "--max-isa AVX2" in lines[1]
+    assert lines[3] == (f"| backend | loss | {machine}, ms per step | × TensorFlow | "
+                        f"{machine}, capped at AVX2, ms per step | × TensorFlow |")
+    assert lines[5:] == ["| TensorFlow | chunked | 400 | 1.00 | 500 | 1.00 |",
+                         "| JAX | chunked | 520 | 1.30 | 650 | 1.30 |",
+                         "| torch | chunked | 460 | 1.15 | 575 | 1.15 |"]
+    with pytest.raises(ValueError, match="--quick run's figures are meaningless"):
+        tables.KINDS["cpu_step"]("cpu_step", [{**runs[0], "quick": True}])
+
+
 ECHO = "import sys\nfor line in sys.stdin:\n    print(line.strip()[::-1], flush=True)\n"
 
 

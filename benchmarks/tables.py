@@ -282,6 +282,12 @@ def _chunked_loss(kind, run):
                        "× whole logits", "peak RSS"), rows)])
 
 
+def _rounds_of_windows(rounds, windows, steps):
+    """"the median of 3 windows of 40 steps", of each round's medians when more than one."""
+    of_windows = f"the median of {windows} windows of {steps} steps"
+    return of_windows if rounds == 1 else f"the median of {rounds} rounds, each {of_windows}"
+
+
 def _cpu_step(kind, runs):
     """A folder of `cpu_step.py --output FILE` runs (in the order of their names), two
     columns each: the command, commit and machine (its `--max-isa` cap too) of each; per
@@ -309,8 +315,9 @@ def _cpu_step(kind, runs):
         f"- `{run['command']}` at commit `{run['commit']}`, on "
         f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}"
         + (f", every engine capped at {cap}" if (cap := run["machine"].get("isa_cap")) else "")
-        + f"; the median of {len(run['rows'][0]['rounds'])} round(s), each the median of "
-        f"{len(run['rows'][0]['windows'][0])} windows of {run['steps']} steps" for run in runs]
+        + "; " + _rounds_of_windows(len(run["rows"][0]["rounds"]),
+                                    len(run["rows"][0]["windows"][0]), run["steps"])
+        for run in runs]
     return "\n".join([*described, "", run_all.table(("backend", "loss", *columns), rows)])
 
 

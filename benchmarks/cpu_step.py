@@ -245,18 +245,42 @@ def run_child(args, folder, backend, loss):
     return json.loads(lines[-1])
 
 
-def markdown(rows, command, commit):
-    lines = [f"commit `{commit}`, `{command}`", "",
-             "| backend | loss | ms/step (median of the rounds) | rounds | × TensorFlow |",
-             "| --- | --- | --- | --- | --- |"]
-    reference = {row["loss"]: row["ms_per_step"] for row in rows
-                 if row["backend"] == "tensorflow"}
-    for row in rows:
-        base = reference.get(row["loss"])
-        lines.append(f"| {row['backend']} | {row['loss']} | {row['ms_per_step']:.0f} | "
-                     + ", ".join(f"{ms:.0f}" for ms in row["rounds"]) + " | "
-                     + (f"{row['ms_per_step'] / base:.2f}" if base else "—") + " |")
-    return "\n".join(lines)
+def rounds_of_windows(rounds, windows, steps):
+    """"the median of 3 windows of 40 steps", of each round's medians when more than one."""
+    of_windows = f"the median of {windows} windows of {steps} steps"
+    return of_windows if rounds == 1 else f"the median of {rounds} rounds, each {of_windows}"
+
+
+def table(runs):
+    """The Markdown of runs' results (`--output`; benchmarks/tables.py's kind `cpu_step`),
+    two columns each: the command, commit and machine (its `--max-isa` cap too) of each;
+    per backend and loss, the ms per step (the median of the rounds, each the median of
+    its windows) and the step over TensorFlow's with the same loss in the same run."""
+    import records
+    import run_all
+
+    columns, figures = [], {}  # (backend, loss) -> {run's index: (ms, × TensorFlow)}
+    for index, run in enumerate(runs):
+        made = run["machine"]
+        cap = f", capped at {made['isa_cap']}" if made.get("isa_cap") else ""
+        columns += [f"{records._machine(made, False)}{cap}, ms per step", "× TensorFlow"]
+        reference = {row["loss"]: row["ms_per_step"] for row in run["rows"]
+                     if row["backend"] == "tensorflow"}
+        for row in run["rows"]:
+            base = reference.get(row["loss"])
+            figures.setdefault((row["backend"], row["loss"]), {})[index] = (
+                f"{row['ms_per_step']:,.0f}", f"{row['ms_per_step'] / base:.2f}" if base else "–")
+    rows = [(records.BACKEND_NAMES[backend], loss,
+             *(value for index in range(len(runs)) for value in by_run.get(index, ("–", "–"))))
+            for (backend, loss), by_run in figures.items()]
+    described = [
+        f"- `{run['command']}` at commit `{run['commit']}`, on "
+        f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}"
+        + (f", every engine capped at {cap}" if (cap := run["machine"].get("isa_cap")) else "")
+        + "; " + rounds_of_windows(len(run["rows"][0]["rounds"]),
+                                   len(run["rows"][0]["windows"][0]), run["steps"])
+        for run in runs]
+    return "\n".join([*described, "", run_all.table(("backend", "loss", *columns), rows)])
 
 
 def main(argv=None):
@@ -281,17 +305,16 @@ def main(argv=None):
                         profiles[f"{backend} {loss}"] = result["profile"]
     rows = [{"backend": backend, "loss": loss, "rounds": times, "windows": windows[backend, loss],
              "ms_per_step": statistics.median(times)} for (backend, loss), times in runs.items()]
-    command = common.command_line("cpu_step.py", argv)
-    commit = git_commit()
+    results = {"commit": git_commit(), "command": common.command_line("cpu_step.py", argv),
+               "machine": common.machine(), "steps": args.steps, "quick": args.quick,
+               "rows": rows, "profiles": profiles}
     print()
-    print(markdown(rows, command, commit))
+    print(table([results]))
     for name, profile in profiles.items():
         print(f"\n{name}: " + ", ".join(f"{group} {ms:.0f} ms" for group, ms in sorted(
             profile["groups_ms"].items(), key=lambda item: -item[1])))
         for op, ms in profile["top_ms"].items():
             print(f"    {ms:8.1f} ms  {op}")
-    results = {"commit": commit, "command": command, "machine": common.machine(),
-               "steps": args.steps, "quick": args.quick, "rows": rows, "profiles": profiles}
     common.write_results(results, args.output)
 
 

@@ -282,43 +282,13 @@ def _chunked_loss(kind, run):
                        "× whole logits", "peak RSS"), rows)])
 
 
-def _rounds_of_windows(rounds, windows, steps):
-    """"the median of 3 windows of 40 steps", of each round's medians when more than one."""
-    of_windows = f"the median of {windows} windows of {steps} steps"
-    return of_windows if rounds == 1 else f"the median of {rounds} rounds, each {of_windows}"
-
-
 def _cpu_step(kind, runs):
-    """A folder of `cpu_step.py --output FILE` runs (in the order of their names), two
-    columns each: the command, commit and machine (its `--max-isa` cap too) of each; per
-    backend and loss, the ms per step (the median of the rounds, each the median of its
-    windows) and the step over TensorFlow's with the same loss in the same run."""
-    import run_all
+    """A folder of `cpu_step.py --output FILE` runs: `cpu_step.table`."""
+    import cpu_step
 
     if quick := [run["command"] for run in runs if run.get("quick")]:
         raise ValueError(f"a cpu_step.py --quick run's figures are meaningless: {quick[0]}")
-    columns, figures = [], {}  # (backend, loss) -> {run's index: (ms, × TensorFlow)}
-    for index, run in enumerate(runs):
-        made = run["machine"]
-        cap = f", capped at {made['isa_cap']}" if made.get("isa_cap") else ""
-        columns += [f"{records._machine(made, False)}{cap}, ms per step", "× TensorFlow"]
-        reference = {row["loss"]: row["ms_per_step"] for row in run["rows"]
-                     if row["backend"] == "tensorflow"}
-        for row in run["rows"]:
-            base = reference.get(row["loss"])
-            figures.setdefault((row["backend"], row["loss"]), {})[index] = (
-                f"{row['ms_per_step']:,.0f}", f"{row['ms_per_step'] / base:.2f}" if base else "–")
-    rows = [(BACKEND_NAMES[backend], loss,
-             *(value for index in range(len(runs)) for value in by_run.get(index, ("–", "–"))))
-            for (backend, loss), by_run in figures.items()]
-    described = [
-        f"- `{run['command']}` at commit `{run['commit']}`, on "
-        f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}"
-        + (f", every engine capped at {cap}" if (cap := run["machine"].get("isa_cap")) else "")
-        + "; " + _rounds_of_windows(len(run["rows"][0]["rounds"]),
-                                    len(run["rows"][0]["windows"][0]), run["steps"])
-        for run in runs]
-    return "\n".join([*described, "", run_all.table(("backend", "loss", *columns), rows)])
+    return cpu_step.table(runs)
 
 
 # The function that makes each kind of block from its results.

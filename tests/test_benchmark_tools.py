@@ -824,7 +824,7 @@ def test_cpu_step_runs_make_one_table_a_column_pair_each(tables, tmp_path, monke
     assert lines[0] == (f"- `{runs[0]['command']}` at commit `{runs[0]['commit']}`, on "
                         f"{runs[0]['machine']['usable_cores']} cores of {machine}; the median "
                         "of 3 windows of 40 steps")
-    assert tables._rounds_of_windows(2, 3, 40) == ("the median of 2 rounds, each the median of "
+    assert cpu_step.rounds_of_windows(2, 3, 40) == ("the median of 2 rounds, each the median of "
                                                    "3 windows of 40 steps")
     assert "python benchmarks/cpu_step.py --losses chunked " in runs[0]["command"]
     assert ", every engine capped at AVX2; " in lines[1] and "--max-isa AVX2" in lines[1]

@@ -259,11 +259,17 @@ def table(runs):
     import records
     import run_all
 
-    columns, figures = [], {}  # (backend, loss) -> {run's index: (ms, × TensorFlow)}
+    described, columns = [], []
+    figures = {}  # (backend, loss) -> {run's index: (ms, × TensorFlow)}
     for index, run in enumerate(runs):
-        made = run["machine"]
-        cap = f", capped at {made['isa_cap']}" if made.get("isa_cap") else ""
-        columns += [f"{records._machine(made, False)}{cap}, ms per step", "× TensorFlow"]
+        made, first = run["machine"], run["rows"][0]
+        machine, cap = records._machine(made, False), made.get("isa_cap")
+        described.append(
+            f"- `{run['command']}` at commit `{run['commit']}`, on {made['usable_cores']} "
+            f"cores of {machine}" + (f", every engine capped at {cap}" if cap else "") + "; "
+            + rounds_of_windows(len(first["rounds"]), len(first["windows"][0]), run["steps"]))
+        columns += [f"{machine}{f', capped at {cap}' if cap else ''}, ms per step",
+                    "× TensorFlow"]
         reference = {row["loss"]: row["ms_per_step"] for row in run["rows"]
                      if row["backend"] == "tensorflow"}
         for row in run["rows"]:
@@ -273,13 +279,6 @@ def table(runs):
     rows = [(records.BACKEND_NAMES[backend], loss,
              *(value for index in range(len(runs)) for value in by_run.get(index, ("–", "–"))))
             for (backend, loss), by_run in figures.items()]
-    described = [
-        f"- `{run['command']}` at commit `{run['commit']}`, on "
-        f"{run['machine']['usable_cores']} cores of {records._machine(run['machine'], False)}"
-        + (f", every engine capped at {cap}" if (cap := run["machine"].get("isa_cap")) else "")
-        + "; " + rounds_of_windows(len(run["rows"][0]["rounds"]),
-                                   len(run["rows"][0]["windows"][0]), run["steps"])
-        for run in runs]
     return "\n".join([*described, "", run_all.table(("backend", "loss", *columns), rows)])
 
 

@@ -291,6 +291,13 @@ def _cpu_step(kind, runs):
     return cpu_step.table(runs)
 
 
+def _cluster_faults(kind, result):
+    """`cluster_faults.py --output FILE`: `cluster_faults.table`."""
+    import cluster_faults
+
+    return cluster_faults.table(result)
+
+
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
@@ -309,6 +316,7 @@ KINDS = {
     "streaming": _streaming,  # streaming.py --output: translate's start-up, file, pipe, writer
     "chunked_loss": _chunked_loss,  # chunked_loss.py --output: the step, whole against chunks
     "cpu_step": _cpu_step,  # a folder of cpu_step.py --output runs: a column pair each
+    "cluster_faults": _cluster_faults,  # cluster_faults.py --output: a cluster's process killed
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model

@@ -859,3 +859,45 @@ def test_the_slow_writer_times_each_answer_and_a_command_that_stops_answering_is
     silent = "import sys, time\nsys.stdin.readline()\ntime.sleep(30)"
     with pytest.raises(RuntimeError, match="did not answer 'kave tomi tozu'"):
         streaming.writer_latencies(silent, start_wait=0, timeout=1)
+
+
+def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_process(
+        tables, tmp_path, monkeypatch):
+    """cluster_faults.py's results (docs/distributed.md), from its own main with each
+    cluster's outcome given: a row per backend and process killed, in the order 1 then
+    0, its kills' seconds, the survivor's statuses and its distinct lines; the line is
+    the survivor's `error:` line, else its last."""
+    cluster_faults = benchmark_module("cluster_faults")
+    assert cluster_faults.reason("a\nerror: Lost worker 1 of TF_CONFIG\nbye\n") == (
+        "error: Lost worker 1 of TF_CONFIG")
+    assert cluster_faults.reason("Step 4\n  Failed to send RPC  \n\n") == "Failed to send RPC"
+    outcomes = {("jax", 1): (36.31, 134, "error: Lost a process"), ("jax", 0): (0.12, 1, "RPC"),
+                ("tensorflow", 1): (8.04, 1, "error: Lost worker 1"),
+                ("tensorflow", 0): (2.0, 1, "error: Lost worker 0")}
+    calls = []
+
+    def kill_one(backend, victim, run_dir, checkpoint_every):
+        calls.append((backend, victim, checkpoint_every))
+        seconds, status, line = outcomes[backend, victim]
+        return {"killed": victim, "seconds": seconds, "status": status,
+                "line": line}
+
+    monkeypatch.setattr(cluster_faults, "kill_one", kill_one)
+    output = tmp_path / "cluster-faults.json"
+    cluster_faults.main(["--repeats", "2", "--work-dir", str(tmp_path / "runs"),
+                         "--output", str(output)])
+    assert calls == [(backend, victim, 4) for backend in ("jax", "tensorflow")
+                     for victim in (1, 1, 0, 0)]
+    result = tables.records.load(str(output))
+    lines = tables.KINDS["cluster_faults"]("cluster_faults", result).splitlines()
+    assert result["command"] == ("python benchmarks/cluster_faults.py --repeats 2 --work-dir "
+                                 f"{tmp_path / 'runs'} --output {output}")
+    assert lines[0].startswith(f"`{result['command']}` at commit `{result['commit']}`, on ")
+    assert "a backup every 4 steps" in lines[0]
+    assert lines[4:] == [
+        "| JAX | 1 (a worker) | 36.3 s, 36.3 s | 134 | `error: Lost a process` |",
+        "| JAX | 0 (the chief) | 0.1 s, 0.1 s | 1 | `RPC` |",
+        "| TensorFlow | 1 (a worker) | 8.0 s, 8.0 s | 1 | `error: Lost worker 1` |",
+        "| TensorFlow | 0 (the chief) | 2.0 s, 2.0 s | 1 | `error: Lost worker 0` |"]
+    with pytest.raises(SystemExit, match="--repeats"):
+        cluster_faults.main(["--repeats", "0"])

@@ -193,7 +193,10 @@ class Distributed:
         if keras.backend.backend() == "jax":
             import jax
 
-            lost, name = jax.errors.JaxRuntimeError, _jax_peer
+            # A step's collective raises JaxRuntimeError; the same failure in a checkpoint's
+            # save (`device_put` checks that every process holds the same value, an
+            # all-gather) comes as a ValueError.
+            lost, name = (jax.errors.JaxRuntimeError, ValueError), _jax_peer
         else:
             import tensorflow as tf
 

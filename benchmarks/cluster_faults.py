@@ -22,6 +22,7 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -42,6 +43,7 @@ MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "
          "--num-layers", "1", "--warmup-steps", "10", "--train-pairs", "400",
          "--test-pairs", "8", "--no-export", "--verbose", "2"]
 LIMIT = 600  # seconds any one process may take
+ADDRESS = re.compile(r"\[127\.0\.0\.1\]:\d+")  # a peer's address, its port new each run
 
 
 def build_parser():
@@ -130,6 +132,12 @@ def kill_one(backend, victim, run_dir, checkpoint_every):
             log.close()
 
 
+def exit_status(status):
+    """"1", or "SIGABRT (134)" for a process that a signal ended (`Popen`'s negative
+    status; a shell gives 128 and the signal's number)."""
+    return str(status) if status >= 0 else f"{signal.Signals(-status).name} ({128 - status})"
+
+
 def table(result):
     """The Markdown of a run's results (`--output`; benchmarks/tables.py's kind
     `cluster_faults`): how it was run, then a row per backend and process killed, each
@@ -145,11 +153,11 @@ def table(result):
                      if kill["backend"] == backend and kill["killed"] == victim]
             if not kills:
                 continue
-            lines = sorted({kill["line"] for kill in kills})
+            lines = sorted({ADDRESS.sub("[ADDRESS]", kill["line"]) for kill in kills})
             rows.append((records.BACKEND_NAMES[backend],
                          f"{victim} ({'the chief' if victim == 0 else 'a worker'})",
                          ", ".join(f"{kill['seconds']:.1f} s" for kill in kills),
-                         ", ".join(sorted({str(kill["status"]) for kill in kills})),
+                         ", ".join(sorted({exit_status(kill["status"]) for kill in kills})),
                          "; ".join(f"`{line}`" for line in lines)))
     return "\n".join([
         f"`{result['command']}` at commit `{result['commit']}`, on {made['usable_cores']} "

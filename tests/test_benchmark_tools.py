@@ -865,13 +865,14 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
         tables, tmp_path, monkeypatch):
     """cluster_faults.py's results (docs/distributed.md), from its own main with each
     cluster's outcome given: a row per backend and process killed, in the order 1 then
-    0, its kills' seconds, the survivor's statuses and its distinct lines; the line is
-    the survivor's `error:` line, else its last."""
+    0, its kills' seconds, the survivor's statuses (a signal's named) and its distinct
+    lines, addresses left out; the line is the survivor's `error:` line, else its last."""
     cluster_faults = benchmark_module("cluster_faults")
     assert cluster_faults.reason("a\nerror: Lost worker 1 of TF_CONFIG\nbye\n") == (
         "error: Lost worker 1 of TF_CONFIG")
     assert cluster_faults.reason("Step 4\n  Failed to send RPC  \n\n") == "Failed to send RPC"
-    outcomes = {("jax", 1): (36.31, 134, "error: Lost a process"), ("jax", 0): (0.12, 1, "RPC"),
+    outcomes = {("jax", 1): (36.31, -6, "error: Lost a process ([127.0.0.1]:24473)"),
+                ("jax", 0): (0.12, 1, "RPC"),
                 ("tensorflow", 1): (8.04, 1, "error: Lost worker 1"),
                 ("tensorflow", 0): (2.0, 1, "error: Lost worker 0")}
     calls = []
@@ -895,7 +896,8 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
     assert lines[0].startswith(f"`{result['command']}` at commit `{result['commit']}`, on ")
     assert "a backup every 4 steps" in lines[0]
     assert lines[4:] == [
-        "| JAX | 1 (a worker) | 36.3 s, 36.3 s | 134 | `error: Lost a process` |",
+        "| JAX | 1 (a worker) | 36.3 s, 36.3 s | SIGABRT (134) | "
+        "`error: Lost a process ([ADDRESS])` |",
         "| JAX | 0 (the chief) | 0.1 s, 0.1 s | 1 | `RPC` |",
         "| TensorFlow | 1 (a worker) | 8.0 s, 8.0 s | 1 | `error: Lost worker 1` |",
         "| TensorFlow | 0 (the chief) | 2.0 s, 2.0 s | 1 | `error: Lost worker 0` |"]

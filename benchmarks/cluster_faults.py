@@ -6,9 +6,9 @@ MultiWorkerMirroredStrategy) and each process (`--killed`: 1, then 0, the chief 
 JAX's coordinator), `--repeats` times, it starts the quickstart recipe as two processes on
 127.0.0.1 (`--distribute data`, a tiny model, a backup every `--checkpoint-every`
 steps, the default peer timeout), waits for the chief's first backup, kills the
-process with SIGKILL and times the other from the kill to its exit. It reports for
-each: those seconds, the survivor's exit status and the line that says why it stopped
-(its `error:` line, else the last line of its output).
+process with SIGKILL and times the other from the kill to its `error:` line and to its
+exit. It reports for each: those seconds, the survivor's exit status and the line that
+says why it stopped (its `error:` line, else the last line of its output).
 
     python benchmarks/cluster_faults.py --output docs/results/cluster-faults.json
 """
@@ -116,13 +116,7 @@ def kill_one(backend, victim, run_dir, checkpoint_every):
                 raise SystemExit(f"error: no backup within {LIMIT} s ({backend})")
             time.sleep(0.05)
         processes[victim].send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        survivor = processes[1 - victim]
-        status = survivor.wait(LIMIT)
-        seconds = time.monotonic() - killed
-        logs[1 - victim].seek(0)
-        return {"killed": victim, "seconds": round(seconds, 2), "status": status,
-                "line": reason(logs[1 - victim].read())}
+        return {"killed": victim, **survivor_ends(processes[1 - victim], logs[1 - victim].name)}
     finally:
         for process in processes:
             if process.poll() is None:
@@ -130,6 +124,29 @@ def kill_one(backend, victim, run_dir, checkpoint_every):
             process.wait()
         for log in logs:
             log.close()
+
+
+def survivor_ends(survivor, log, killed=None):
+    """Watches `survivor` (its output in the file `log`) from the kill (`killed`, by
+    `time.monotonic`; now when None) to its exit: {"seconds" to its exit, "line_seconds"
+    to its first `error:` line (None if none came), its "status" and its "line"}."""
+    killed = time.monotonic() if killed is None else killed
+    line_seconds = None
+    while survivor.poll() is None:
+        if line_seconds is None:
+            with open(log, encoding="utf-8", errors="replace") as output:
+                if any(line.startswith("error:") for line in output):
+                    line_seconds = round(time.monotonic() - killed, 2)
+        if time.monotonic() > killed + LIMIT:
+            raise SystemExit(f"error: the other process still ran {LIMIT} s after the kill")
+        time.sleep(0.05)
+    seconds = round(time.monotonic() - killed, 2)
+    with open(log, encoding="utf-8", errors="replace") as output:
+        text = output.read()
+    if line_seconds is None and any(line.startswith("error:") for line in text.splitlines()):
+        line_seconds = seconds  # written as it ended
+    return {"seconds": seconds, "line_seconds": line_seconds, "status": survivor.returncode,
+            "line": reason(text)}
 
 
 def exit_status(status):
@@ -157,6 +174,8 @@ def table(result):
             rows.append((records.BACKEND_NAMES[backend],
                          f"{victim} ({'the chief' if victim == 0 else 'a worker'})",
                          ", ".join(f"{kill['seconds']:.1f} s" for kill in kills),
+                         ", ".join("–" if kill.get("line_seconds") is None else
+                                   f"{kill['line_seconds']:.1f} s" for kill in kills),
                          ", ".join(sorted({exit_status(kill["status"]) for kill in kills})),
                          "; ".join(f"`{line}`" for line in lines)))
     return "\n".join([
@@ -164,8 +183,8 @@ def table(result):
         f"cores of {records._machine(made, False)}: the quickstart recipe with a tiny model, "
         f"a backup every {result['checkpoint_every']} steps, the default peer timeout; "
         "each process killed with SIGKILL after the chief's first backup.", "",
-        run_all.table(("backend", "process killed", "the other stopped after",
-                       "its exit status", "its line"), rows)])
+        run_all.table(("backend", "process killed", "the other ended after",
+                       "its `error:` line after", "its exit status", "its line"), rows)])
 
 
 def main(argv=None):

@@ -880,8 +880,8 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
     def kill_one(backend, victim, run_dir, checkpoint_every):
         calls.append((backend, victim, checkpoint_every))
         seconds, status, line = outcomes[backend, victim]
-        return {"killed": victim, "seconds": seconds, "status": status,
-                "line": line}
+        return {"killed": victim, "seconds": seconds, "status": status, "line": line,
+                "line_seconds": None if line == "RPC" else 0.25}
 
     monkeypatch.setattr(cluster_faults, "kill_one", kill_one)
     output = tmp_path / "cluster-faults.json"
@@ -896,10 +896,20 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
     assert lines[0].startswith(f"`{result['command']}` at commit `{result['commit']}`, on ")
     assert "a backup every 4 steps" in lines[0]
     assert lines[4:] == [
-        "| JAX | 1 (a worker) | 36.3 s, 36.3 s | SIGABRT (134) | "
+        "| JAX | 1 (a worker) | 36.3 s, 36.3 s | 0.2 s, 0.2 s | SIGABRT (134) | "
         "`error: Lost a process ([ADDRESS])` |",
-        "| JAX | 0 (the chief) | 0.1 s, 0.1 s | 1 | `RPC` |",
-        "| TensorFlow | 1 (a worker) | 8.0 s, 8.0 s | 1 | `error: Lost worker 1` |",
-        "| TensorFlow | 0 (the chief) | 2.0 s, 2.0 s | 1 | `error: Lost worker 0` |"]
+        "| JAX | 0 (the chief) | 0.1 s, 0.1 s | –, – | 1 | `RPC` |",
+        "| TensorFlow | 1 (a worker) | 8.0 s, 8.0 s | 0.2 s, 0.2 s | 1 | `error: Lost worker 1` |",
+        "| TensorFlow | 0 (the chief) | 2.0 s, 2.0 s | 0.2 s, 0.2 s | 1 | `error: Lost worker 0` |"]
     with pytest.raises(SystemExit, match="--repeats"):
         cluster_faults.main(["--repeats", "0"])
+    # A real survivor: its line's time and its exit's, its status and its line.
+    log = tmp_path / "survivor.log"
+    with open(log, "w") as output:
+        survivor = subprocess.Popen(
+            [sys.executable, "-c", "import sys, time; print('Epoch 1', flush=True); "
+             "time.sleep(0.5); print('error: Lost worker 1', flush=True); time.sleep(0.5); "
+             "sys.exit(1)"], stdout=output)
+        ended = cluster_faults.survivor_ends(survivor, str(log))
+    assert (ended["status"], ended["line"]) == (1, "error: Lost worker 1")
+    assert 0.4 < ended["line_seconds"] < ended["seconds"]

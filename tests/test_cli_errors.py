@@ -217,6 +217,41 @@ def test_interrupts_and_missing_packages_are_one_line(raised, status, message, c
     assert capsys.readouterr().err.strip() == message
 
 
+# A command line whose run raises a PeerLostError, with an exit handler standing for JAX's,
+# which waits for the lost process until the heartbeat timeout aborts this one.
+LOST_PEER_COMMAND = """
+import atexit, sys
+from keras_transformer_app.cli import errors
+from keras_transformer_app.training.distribution import PeerLostError
+
+atexit.register(lambda: print("the runtime's exit handler ran", flush=True))
+
+
+def main():
+    print("training", flush=True)
+    lost = PeerLostError("Lost a process of the cluster, so training stopped.")
+    lost.runtime_waits = sys.argv[1] == "waits"
+    raise lost
+
+
+errors.guarded(main)
+"""
+
+
+@pytest.mark.parametrize("runtime", ["waits", "does not wait"])
+@pytest.mark.backs("docs/distributed.md", "ends at once with status 1 and")
+def test_a_lost_peer_ends_the_command_before_a_runtime_that_would_wait_for_it(runtime):
+    """Under JAX a survivor that said it lost a process then waited about 45 s at exit
+    (JAX's shutdown barrier) and was aborted with a native stack trace
+    (benchmarks/cluster_faults.py): it now ends after its line, its output flushed."""
+    result = subprocess.run([sys.executable, "-c", LOST_PEER_COMMAND, runtime],
+                            cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip() == "error: Lost a process of the cluster, so training stopped."
+    assert result.stdout == "training\n" + (
+        "the runtime's exit handler ran\n" if runtime == "does not wait" else "")
+
+
 def test_a_failed_run_frees_what_its_frames_held_before_the_exit(capsys):
     """TensorFlow's all-reduce leaves a ThreadPool open in its frame when a lost worker
     raises through it: freed at the interpreter's exit, the pool printed `Exception ignored

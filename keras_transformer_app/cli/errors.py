@@ -158,9 +158,26 @@ def _answer(error, flags):
         fail(_OUT_OF_MEMORY.format(_first_line(error)), status=1)
     if _failed_run(error):
         _release_the_failed_work(error)
+        if getattr(error, "runtime_waits", False):
+            _end_at_once(flag_names(_text(error), flags), status=1)
         fail(flag_names(_text(error), flags), status=1)
     if isinstance(error, USER_ERRORS):
         fail(flag_names(_text(error), flags))
+
+
+def _end_at_once(message, status):
+    """Prints `error: message` and ends the process now, without the interpreter's exit
+    handlers: JAX's waits for a lost process of the cluster (its shutdown barrier) until
+    the heartbeat timeout aborts this one with a native stack trace, about 45 s later,
+    while the coordinator's port stays taken for the same command run again. What was
+    being written has been unwound by then; the streams are flushed first."""
+    print(f"error: {message}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader has gone
+            pass
+    os._exit(status)
 
 
 def _release_the_failed_work(error):

@@ -65,7 +65,14 @@ JOIN_TIMEOUT = 300
 
 class PeerLostError(ConnectionError):
     """Another process of the cluster stopped, or never joined: training cannot go on
-    without it."""
+    without it.
+
+    `runtime_waits` is True where the engine's runtime, left to end as usual, would
+    wait at the interpreter's exit for the lost process (JAX's shutdown barrier) until
+    its heartbeat timeout aborts this process: a command line then ends at once, after
+    its error line (keras_transformer_app/cli/errors.py)."""
+
+    runtime_waits = False
 
 
 class Distributed:
@@ -207,9 +214,11 @@ class Distributed:
         except lost as error:
             if not name(error):
                 raise
-            raise PeerLostError(
+            peer_lost = PeerLostError(
                 f"Lost {name(error)}, so training stopped. Start every process again with "
-                "the same command: training resumes from the chief's last backup.") from error
+                "the same command: training resumes from the chief's last backup.")
+            peer_lost.runtime_waits = keras.backend.backend() == "jax"
+            raise peer_lost from error
 
     def __repr__(self):
         return f"Distributed({self.description})"

@@ -286,9 +286,11 @@ def test_a_lost_peer_becomes_one_error_that_names_it(raised_as):
             pytest.skip("under TensorFlow a lost worker is the engine's error alone")
         lost = tf.errors.UnavailableError(None, None, LOST_PEER["tensorflow"])
         named = "Lost worker 1 of TF_CONFIG, so training stopped"
-    with pytest.raises(distribution.PeerLostError, match=named):
+    with pytest.raises(distribution.PeerLostError, match=named) as peer_lost:
         with distributed.lost_peers():
             raise lost
+    # JAX's runtime would wait at exit for the lost process: the command line ends at once.
+    assert peer_lost.value.runtime_waits == (BACKEND == "jax")
     with pytest.raises(ValueError, match="not a peer"):  # other errors pass through
         with distributed.lost_peers():
             raise ValueError("not a peer")

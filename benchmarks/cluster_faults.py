@@ -43,6 +43,7 @@ MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "
          "--num-layers", "1", "--warmup-steps", "10", "--train-pairs", "400",
          "--test-pairs", "8", "--no-export", "--verbose", "2"]
 LIMIT = 600  # seconds any one process may take
+FATAL = re.compile(r"^F\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ")  # a glog FATAL line's prefix
 ADDRESS = re.compile(r"\[127\.0\.0\.1\]:\d+")  # a peer's address, its port new each run
 
 
@@ -84,11 +85,14 @@ def cluster_environments(backend):
 
 
 def reason(output):
-    """The line of a stopped process's output that says why: its `error:` line, else its
-    last line (JAX's own message when the coordinator is gone)."""
+    """The line of a stopped process's output that says why: its `error:` line, else the
+    message of the native runtime's fatal log line (JAX's, when the coordinator is gone:
+    `F1206 02:25:05.302430 23069 client.h:80] Terminating process because ...`), else
+    its last line."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["(no output)"])[-1][:300]
+    fatal = [FATAL.sub("", line) for line in lines if FATAL.match(line)]
+    return (errors or fatal or lines or ["(no output)"])[-1][:300]
 
 
 def kill_one(backend, victim, run_dir, checkpoint_every):

@@ -871,6 +871,11 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
     assert cluster_faults.reason("a\nerror: Lost worker 1 of TF_CONFIG\nbye\n") == (
         "error: Lost worker 1 of TF_CONFIG")
     assert cluster_faults.reason("Step 4\n  Failed to send RPC  \n\n") == "Failed to send RPC"
+    assert cluster_faults.reason(
+        "Epoch 1\nF1206 02:25:05.302430   23069 client.h:80] Terminating process because the "
+        "JAX distributed service detected fatal errors.\n*** Check failure stack trace: ***\n"
+        "    @     0x7fcdc9ea71f5  (unknown)\n") == (
+        "Terminating process because the JAX distributed service detected fatal errors.")
     outcomes = {("jax", 1): (36.31, -6, "error: Lost a process ([127.0.0.1]:24473)"),
                 ("jax", 0): (0.12, 1, "RPC"),
                 ("tensorflow", 1): (8.04, 1, "error: Lost worker 1"),

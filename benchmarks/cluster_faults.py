@@ -153,6 +153,13 @@ def survivor_ends(survivor, log, killed=None):
             "line": reason(text)}
 
 
+def first_sentence(line):
+    """"error: Lost worker 1 of TF_CONFIG, so training stopped.": a line up to the end of
+    its first sentence, its backquotes made quotes (the table sets it as code)."""
+    end = line.find(". ")
+    return (line if end < 0 else line[:end + 1]).replace("`", "'")
+
+
 def exit_status(status):
     """"1", or "SIGABRT (134)" for a process that a signal ended (`Popen`'s negative
     status; a shell gives 128 and the signal's number)."""
@@ -161,8 +168,9 @@ def exit_status(status):
 
 def table(result):
     """The Markdown of a run's results (`--output`; benchmarks/tables.py's kind
-    `cluster_faults`): how it was run, then a row per backend and process killed, each
-    kill's seconds, the survivor's exit statuses and its line."""
+    `cluster_faults`): how it was run, then a row per backend and process killed: each
+    kill's seconds to the survivor's exit and to its `error:` line, its exit statuses, and
+    the first sentence of its lines, the peers' addresses left out."""
     import records
     import run_all
 
@@ -174,7 +182,8 @@ def table(result):
                      if kill["backend"] == backend and kill["killed"] == victim]
             if not kills:
                 continue
-            lines = sorted({ADDRESS.sub("[ADDRESS]", kill["line"]) for kill in kills})
+            lines = sorted({first_sentence(ADDRESS.sub("[ADDRESS]", kill["line"]))
+                            for kill in kills})
             rows.append((records.BACKEND_NAMES[backend],
                          f"{victim} ({'the chief' if victim == 0 else 'a worker'})",
                          ", ".join(f"{kill['seconds']:.1f} s" for kill in kills),
@@ -184,7 +193,7 @@ def table(result):
                          "; ".join(f"`{line}`" for line in lines)))
     return "\n".join([
         f"`{result['command']}` at commit `{result['commit']}`, on {made['usable_cores']} "
-        f"cores of {records._machine(made, False)}: the quickstart recipe with a tiny model, "
+        f"cores of {records._machine(made, True)}: the quickstart recipe with a tiny model, "
         f"a backup every {result['checkpoint_every']} steps, the default peer timeout; "
         "each process killed with SIGKILL after the chief's first backup.", "",
         run_all.table(("backend", "process killed", "the other ended after",

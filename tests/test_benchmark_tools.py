@@ -865,8 +865,9 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
         tables, tmp_path, monkeypatch):
     """cluster_faults.py's results (docs/distributed.md), from its own main with each
     cluster's outcome given: a row per backend and process killed, in the order 1 then
-    0, its kills' seconds, the survivor's statuses (a signal's named) and its distinct
-    lines, addresses left out; the line is the survivor's `error:` line, else its last."""
+    0, its kills' seconds to the survivor's exit and line, its statuses (a signal's
+    named) and the first sentence of its distinct lines, addresses left out; the line is
+    the survivor's `error:` line, else a native fatal line's message, else its last."""
     cluster_faults = benchmark_module("cluster_faults")
     assert cluster_faults.reason("a\nerror: Lost worker 1 of TF_CONFIG\nbye\n") == (
         "error: Lost worker 1 of TF_CONFIG")
@@ -876,7 +877,8 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
         "JAX distributed service detected fatal errors.\n*** Check failure stack trace: ***\n"
         "    @     0x7fcdc9ea71f5  (unknown)\n") == (
         "Terminating process because the JAX distributed service detected fatal errors.")
-    outcomes = {("jax", 1): (36.31, -6, "error: Lost a process ([127.0.0.1]:24473)"),
+    outcomes = {("jax", 1): (36.31, -6, "error: Lost a process ([127.0.0.1]:24473). Start "
+                             "every process again with `the same command`."),
                 ("jax", 0): (0.12, 1, "RPC"),
                 ("tensorflow", 1): (8.04, 1, "error: Lost worker 1"),
                 ("tensorflow", 0): (2.0, 1, "error: Lost worker 0")}
@@ -902,7 +904,7 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
     assert "a backup every 4 steps" in lines[0]
     assert lines[4:] == [
         "| JAX | 1 (a worker) | 36.3 s, 36.3 s | 0.2 s, 0.2 s | SIGABRT (134) | "
-        "`error: Lost a process ([ADDRESS])` |",
+        "`error: Lost a process ([ADDRESS]).` |",
         "| JAX | 0 (the chief) | 0.1 s, 0.1 s | –, – | 1 | `RPC` |",
         "| TensorFlow | 1 (a worker) | 8.0 s, 8.0 s | 0.2 s, 0.2 s | 1 | `error: Lost worker 1` |",
         "| TensorFlow | 0 (the chief) | 2.0 s, 2.0 s | 0.2 s, 0.2 s | 1 | `error: Lost worker 0` |"]

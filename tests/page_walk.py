@@ -155,6 +155,10 @@ SUBSTITUTIONS = {
                      f"--train-limit 1000 --max-sentence-length 16 --bucket-width 16 {_ONE_LAYER}",
                      "sizes: 1 batch shape instead of 15, a model of one layer 32 wide"),
         Substitution("127.0.0.1:1234", "127.0.0.1:$PORT", "a free port"),
+        Substitution("cluster_faults.py --output docs/results/cluster-faults.json",
+                     "cluster_faults.py --backends jax --killed 0 --repeats 1 --output "
+                     "cluster-faults.json", "one cluster: JAX's, its coordinator killed (the "
+                     "other ends at once); a file of the walk's"),
         Substitution("""WORKERS='["127.0.0.1:2222", "127.0.0.1:2223"]'""",
                      'WORKERS="[\\"127.0.0.1:$PORT_2\\", \\"127.0.0.1:$PORT_3\\"]"',
                      "free ports"),

@@ -28,11 +28,13 @@ engines' own conventions, read from the environment (`cluster_from_environment`)
 Process 0 is the chief: it alone writes the run directory (`Distributed.writes_to`).
 The processes of a JAX cluster wait `JOIN_TIMEOUT` seconds for each other at start-up,
 then stop with a `PeerLostError`.
-A process that dies stops the others: JAX's coordinator ends them once it has missed
-the dead process's heartbeats for `peer_timeout` seconds; TensorFlow's coordination
-service does the same after its own heartbeat timeout (10 s), and `lost_peers` turns
-its error into a `PeerLostError`. PyTorch has no multi-process `fit` in Keras, and a
-cluster is refused there.
+A process that dies stops the others: under JAX the next collective that sees its
+connection close fails, which `lost_peers` turns into a `PeerLostError` (and the
+command line ends at once), and the coordinator ends a process that meets none once it
+has missed the dead process's heartbeats for `peer_timeout` seconds; TensorFlow's
+coordination service fails the collectives after its own heartbeat timeout (10 s),
+and `lost_peers` turns its error into a `PeerLostError`. PyTorch has no multi-process
+`fit` in Keras, and a cluster is refused there.
 
 On one device and with the same global batch, data parallelism computes the
 same loss: `LabelSmoothedCrossEntropy` divides by the token count of the whole

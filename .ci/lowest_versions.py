@@ -12,10 +12,12 @@ PyTorch is the exception: PyPI's other torch wheels for Linux are CUDA builds of
 so the one CPU build on this machine's disk, 2.13.0 for Python 3.11, is both the lowest and the
 newest tested (`--torch` names another); with `--python` another interpreter makes the
 environment, and a run without torch among `--backends` installs none. Too long for CI's
-15 minutes beside the suite: docs/installation.md gives its last result and commit.
+15 minutes beside the suite: docs/installation.md gives its last result, made from the record
+that `--output` writes.
 
     python .ci/lowest_versions.py                       # every backend
     python .ci/lowest_versions.py --backends tensorflow,jax   # no torch installed
+    python .ci/lowest_versions.py --output docs/results/lowest-versions.json
 """
 
 import argparse
@@ -31,6 +33,9 @@ import tomllib
 import urllib.request
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPOSITORY)
+from keras_transformer_app import provenance  # noqa: E402  this checkout's, beside the script
+
 TINY_MODEL = ["--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "2",
               "--num-layers", "1", "--warmup-steps", "10", "--beam-size", "2", "--verbose", "0"]
 LOWER_BOUND = re.compile(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([^,;\s]+)\s*$")
@@ -88,9 +93,9 @@ def install(work_dir, bounds, torch_version, interpreter, extras):
     watched = ("keras==", "tensorflow==", "tensorflow-text==", "keras-hub==", "keras-nlp==",
                "jax==", "jaxlib==", "torch==", "numpy==", "httptools==",
                "ctranslate2==", "prometheus-client==", "prometheus_client==")
-    print("Installed: " + ", ".join(line for line in frozen if line.lower().startswith(watched)),
-          flush=True)
-    return python
+    installed = [line for line in frozen if line.lower().startswith(watched)]
+    print("Installed: " + ", ".join(installed), flush=True)
+    return python, dict(line.split("==", 1) for line in installed)
 
 
 def free_port():
@@ -163,6 +168,9 @@ def main():
     parser.add_argument("--instead", action="append", default=[], metavar="NAME==VERSION",
                         help="pin NAME to VERSION instead of its lower bound (a bound that "
                              "has no release for --python); repeatable")
+    parser.add_argument("--output", help="also write the run's record to this JSON file: "
+                        "its commit, machine, the versions installed, each backend's result "
+                        "and seconds")
     args = parser.parse_args()
     backends = args.backends.split(",")
     # Every extra but the backends not run (torch's wheel is the one to avoid).
@@ -175,13 +183,24 @@ def main():
             parser.error(f"--instead {pin}: give NAME==VERSION for one of {sorted(bounds)}")
         bounds[name.lower()] = version
     os.makedirs(args.work_dir, exist_ok=True)
-    python = install(args.work_dir, bounds, args.torch, args.python, extras)
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPOSITORY,
-                            capture_output=True, text=True).stdout.strip()
+    began = time.monotonic()
+    python, installed = install(args.work_dir, bounds, args.torch, args.python, extras)
+    record = provenance.record()
     version = subprocess.run([python, "--version"], capture_output=True, text=True).stdout
-    print(f"Commit {commit}, {version.strip()}", flush=True)
-    failed = [backend for backend in backends if not smoke(python, backend, args.work_dir)]
+    print(f"Commit {record['commit']}, {version.strip()}", flush=True)
+    runs = []
+    for backend in backends:
+        start = time.monotonic()
+        runs.append({"backend": backend, "passed": smoke(python, backend, args.work_dir),
+                     "seconds": round(time.monotonic() - start, 1)})
+    failed = [run["backend"] for run in runs if not run["passed"]]
     print("passed" if not failed else f"failed under {', '.join(failed)}")
+    if args.output:  # docs/installation.md's line is made of it (benchmarks/tables.py)
+        with open(args.output, "w", encoding="utf-8") as file:
+            json.dump({**record, "python": version.split()[-1], "installed": installed,
+                       "backends": runs, "seconds": round(time.monotonic() - began)},
+                      file, indent=1)
+            file.write("\n")
     sys.exit(1 if failed else 0)
 
 

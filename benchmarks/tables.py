@@ -298,6 +298,19 @@ def _cluster_faults(kind, result):
     return cluster_faults.table(result)
 
 
+def _lowest_versions(kind, record):
+    """.ci/lowest_versions.py's record (`--output`): where and on what it ran, each
+    backend's result and time, and the versions it installed."""
+    results = ", ".join(f"{records.BACKEND_NAMES[run['backend']]} "
+                        f"{'passed' if run['passed'] else 'FAILED'} "
+                        f"({records.duration(run['seconds'])})" for run in record["backends"])
+    return (f"`{record['command']}` at commit `{record['commit']}`, on {record['cores']} cores "
+            f"of {records._machine(record)}, Python {record['python']}: {results}; "
+            f"{records.duration(record['seconds'])} with the install. Installed: "
+            + ", ".join(f"{name} {version}" for name, version in record["installed"].items())
+            + ".")
+
+
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
@@ -316,6 +329,7 @@ KINDS = {
     "streaming": _streaming,  # streaming.py --output: translate's start-up, file, pipe, writer
     "chunked_loss": _chunked_loss,  # chunked_loss.py --output: the step, whole against chunks
     "cpu_step": _cpu_step,  # a folder of cpu_step.py --output runs: a column pair each
+    "lowest_versions": _lowest_versions,  # .ci/lowest_versions.py --output: one line
     "cluster_faults": _cluster_faults,  # cluster_faults.py --output: a cluster's process killed
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base

@@ -920,3 +920,17 @@ def test_cluster_faults_records_each_kill_and_makes_a_row_per_backend_and_proces
         ended = cluster_faults.survivor_ends(survivor, str(log))
     assert (ended["status"], ended["line"]) == (1, "error: Lost worker 1")
     assert 0.4 < ended["line_seconds"] < ended["seconds"]
+
+
+def test_the_lowest_versions_record_makes_one_line(tables):
+    """.ci/lowest_versions.py --output (docs/installation.md): the command, commit and
+    machine, each backend's result and time, the whole run's, and what it installed."""
+    record = {"commit": "abc1234", "command": "python .ci/lowest_versions.py --output x.json",
+              "cpu": "AMD EPYC", "isa": "AVX-512", "cores": 2, "python": "3.11.7",
+              "installed": {"keras": "3.5.0", "tensorflow": "2.16.1"}, "seconds": 600,
+              "backends": [{"backend": "tensorflow", "passed": True, "seconds": 61.2},
+                           {"backend": "torch", "passed": False, "seconds": 5}]}
+    assert tables.KINDS["lowest_versions"]("lowest_versions", record) == (
+        "`python .ci/lowest_versions.py --output x.json` at commit `abc1234`, on 2 cores of an "
+        "AMD EPYC (AVX-512), Python 3.11.7: TensorFlow passed (1 min 1 s), torch FAILED (5 s); "
+        "10 min 0 s with the install. Installed: keras 3.5.0, tensorflow 2.16.1.")

@@ -19,6 +19,7 @@ On a CPU with AVX-512 the two columns differ for every engine if the cap holds; 
 CPU they are the same.
 
     python benchmarks/isa_check.py
+    python benchmarks/isa_check.py --output benchmarks/results/isa-check.json
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
@@ -120,6 +121,29 @@ def probe(name, capped, folder, model_path):
     result = subprocess.run([sys.executable, "-c", PROBES[name], model_path or ""],
                             env=environment, capture_output=True, text=True, timeout=300)
     return _verdict(name, result.stdout + result.stderr, dump)
+
+
+# How the tables name each engine's report.
+LABELS = {"torch": "PyTorch's ATen kernels",
+          "oneDNN (PyTorch)": "oneDNN through PyTorch (a convolution's kernels)",
+          "oneDNN (TensorFlow)": "oneDNN through TensorFlow (its kernels, or the ISA it announces)",
+          "XLA (JAX)": "XLA, JAX (the widest vector of its optimized IR, 512-bit asked for)",
+          "CTranslate2": "CTranslate2 (its log)"}
+
+
+def table(result):
+    """The Markdown of a run's findings (`--output`; benchmarks/tables.py's kind
+    `isa_check`): the command, commit and machine, then a row per engine, what it picked
+    as the machine is and capped at AVX2."""
+    import records
+    import run_all
+
+    made = result["machine"]
+    rows = [(LABELS.get(name, name), row["as the machine is"], row["capped at AVX2"])
+            for name, row in result["engines"].items()]
+    return "\n".join([f"`{result['command']}` at commit `{result['commit']}`, on "
+                      f"{made['usable_cores']} cores of {records._machine(made)}:", "",
+                      run_all.table(("engine", "as the machine is", "capped at AVX2"), rows)])
 
 
 def build_parser():

@@ -291,11 +291,12 @@ def _cpu_step(kind, runs):
     return cpu_step.table(runs)
 
 
-def _cluster_faults(kind, result):
-    """`cluster_faults.py --output FILE`: `cluster_faults.table`."""
-    import cluster_faults
+def _script_table(kind, result):
+    """A results file (`--output FILE`) of the script `benchmarks/KIND.py`, whose own
+    `table` makes its Markdown (cluster_faults.py, isa_check.py)."""
+    import importlib
 
-    return cluster_faults.table(result)
+    return importlib.import_module(kind).table(result)
 
 
 def _lowest_versions(kind, record):
@@ -330,7 +331,8 @@ KINDS = {
     "chunked_loss": _chunked_loss,  # chunked_loss.py --output: the step, whole against chunks
     "cpu_step": _cpu_step,  # a folder of cpu_step.py --output runs: a column pair each
     "lowest_versions": _lowest_versions,  # .ci/lowest_versions.py --output: one line
-    "cluster_faults": _cluster_faults,  # cluster_faults.py --output: a cluster's process killed
+    "cluster_faults": _script_table,  # cluster_faults.py --output: a cluster's process killed
+    "isa_check": _script_table,  # isa_check.py --output: what each engine picked, and capped
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model

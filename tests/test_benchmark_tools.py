@@ -934,3 +934,18 @@ def test_the_lowest_versions_record_makes_one_line(tables):
         "`python .ci/lowest_versions.py --output x.json` at commit `abc1234`, on 2 cores of an "
         "AMD EPYC (AVX-512), Python 3.11.7: TensorFlow passed (1 min 1 s), torch FAILED (5 s); "
         "10 min 0 s with the install. Installed: keras 3.5.0, tensorflow 2.16.1.")
+
+
+def test_isa_check_findings_make_a_row_per_engine(tables):
+    """isa_check.py --output (benchmarks/RESULTS.md): the command, commit and machine,
+    then each engine, named as the tables name it, as the machine is and capped."""
+    result = {"command": "python benchmarks/isa_check.py --output x.json", "commit": "abc1234",
+              "machine": {"cpu": "AMD EPYC", "isa": "AVX-512", "usable_cores": 2},
+              "engines": {"torch": {"as the machine is": "AVX512", "capped at AVX2": "AVX2"},
+                          "CTranslate2": {"as the machine is": "AVX2",
+                                          "capped at AVX2": "AVX2"}}}
+    assert tables.KINDS["isa_check"]("isa_check", result).splitlines() == [
+        "`python benchmarks/isa_check.py --output x.json` at commit `abc1234`, on 2 cores of "
+        "an AMD EPYC (AVX-512):", "",
+        "| engine | as the machine is | capped at AVX2 |", "| --- | --- | --- |",
+        "| PyTorch's ATen kernels | AVX512 | AVX2 |", "| CTranslate2 (its log) | AVX2 | AVX2 |"]

@@ -212,6 +212,19 @@ def wmt14_scale(kind, runs):
         "mapped files' pages (RssFile):\n\n" + "\n".join(memory)])
 
 
+def lowest_versions(kind, record):
+    """.ci/lowest_versions.py's record (`--output`): where and on what it ran, each
+    backend's result and time, and the versions it installed."""
+    results = ", ".join(f"{BACKEND_NAMES[run['backend']]} "
+                        f"{'passed' if run['passed'] else 'FAILED'} "
+                        f"({duration(run['seconds'])})" for run in record["backends"])
+    return (f"`{record['command']}` at commit `{record['commit']}`, on {record['cores']} cores "
+            f"of {_machine(record)}, Python {record['python']}: {results}; "
+            f"{duration(record['seconds'])} with the install. Installed: "
+            + ", ".join(f"{name} {version}" for name, version in record["installed"].items())
+            + ".")
+
+
 def _cache_parts(files):
     """" (ids 448 MiB, offsets 69 MiB)": a token cache's files (wmt14_scale.py's
     `cache_files_mb`, {"source_ids.npy": MiB, ...}) summed by kind; "" for a run that

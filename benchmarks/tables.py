@@ -194,7 +194,7 @@ def _decoding_peers(kind, runs):
     times, ratios = [], []
     for search, label in searches:
         for run in runs:
-            name, ms = BACKEND_NAMES[run["backend"]], run["ms_per_token"]
+            name, ms = _run_name(run), run["ms_per_token"]
             ours = run["summary"]["ours_over_ctranslate2"]
             times.append((f"{name} {label}", *figures(ms[f"{search}_cached"])))
             ratios.append((f"{name} {label}", *figures(ours[f"{search}_fp32"])))
@@ -209,7 +209,7 @@ def _decoding_peers(kind, runs):
     same = []
     for run in runs:
         summary = run["summary"]
-        same.append(f"{BACKEND_NAMES[run['backend']]} run "
+        same.append(f"{_run_name(run)} run "
                     f"{summary['greedy_ct2_fp32_matches_cached']:.0%}" + (
                         f" (SavedModel {summary['greedy_saved_model_matches_cached']:.0%})"
                         if "greedy_saved_model_matches_cached" in summary else ""))
@@ -220,6 +220,12 @@ def _decoding_peers(kind, runs):
         run_all.table(("ours / CTranslate2 fp32, same run", *lengths), ratios),
         f"Greedy tokens of CTranslate2 fp32 equal to ours: {same}.",
     ])
+
+
+def _run_name(run):
+    """"JAX", or "JAX capped at AVX2": a decoding.py run's backend and its --max-isa cap."""
+    cap = run["machine"].get("isa_cap")
+    return BACKEND_NAMES[run["backend"]] + (f" capped at {cap}" if cap else "")
 
 
 def _streaming(kind, run):
@@ -299,19 +305,6 @@ def _script_table(kind, result):
     return importlib.import_module(kind).table(result)
 
 
-def _lowest_versions(kind, record):
-    """.ci/lowest_versions.py's record (`--output`): where and on what it ran, each
-    backend's result and time, and the versions it installed."""
-    results = ", ".join(f"{records.BACKEND_NAMES[run['backend']]} "
-                        f"{'passed' if run['passed'] else 'FAILED'} "
-                        f"({records.duration(run['seconds'])})" for run in record["backends"])
-    return (f"`{record['command']}` at commit `{record['commit']}`, on {record['cores']} cores "
-            f"of {records._machine(record)}, Python {record['python']}: {results}; "
-            f"{records.duration(record['seconds'])} with the install. Installed: "
-            + ", ".join(f"{name} {version}" for name, version in record["installed"].items())
-            + ".")
-
-
 # The function that makes each kind of block from its results.
 KINDS = {
     "run_all.header": _run_all, "run_all.targets": _run_all, "run_all.matmul": _run_all,
@@ -330,7 +323,7 @@ KINDS = {
     "streaming": _streaming,  # streaming.py --output: translate's start-up, file, pipe, writer
     "chunked_loss": _chunked_loss,  # chunked_loss.py --output: the step, whole against chunks
     "cpu_step": _cpu_step,  # a folder of cpu_step.py --output runs: a column pair each
-    "lowest_versions": _lowest_versions,  # .ci/lowest_versions.py --output: one line
+    "lowest_versions": records.lowest_versions,  # .ci/lowest_versions.py --output: one line
     "cluster_faults": _script_table,  # cluster_faults.py --output: a cluster's process killed
     "isa_check": _script_table,  # isa_check.py --output: what each engine picked, and capped
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer

@@ -949,3 +949,6 @@ def test_isa_check_findings_make_a_row_per_engine(tables):
         "an AMD EPYC (AVX-512):", "",
         "| engine | as the machine is | capped at AVX2 |", "| --- | --- | --- |",
         "| PyTorch's ATen kernels | AVX512 | AVX2 |", "| CTranslate2 (its log) | AVX2 | AVX2 |"]
+    # The decoding runs beside it, as the machine is and capped, are told apart by the cap.
+    assert [tables._run_name({"backend": "jax", "machine": {"isa_cap": cap}})
+            for cap in (None, "AVX2")] == ["JAX", "JAX capped at AVX2"]

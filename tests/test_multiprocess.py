@@ -18,7 +18,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from helpers import REPOSITORY
+from helpers import REPOSITORY, benchmark_module
 
 from keras_transformer import saving
 from keras_transformer_app import run_files
@@ -67,23 +66,10 @@ pytestmark = pytest.mark.skipif(
     BACKEND == "torch", reason="Keras's torch backend has no multi-process fit")
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def cluster_environments():
-    """The environment of each of two processes on 127.0.0.1, by the engine's rules."""
-    if BACKEND == "jax":
-        address = f"127.0.0.1:{free_port()}"
-        return [{"KERAS_DISTRIBUTION_JOB_ADDRESSES": address,
-                 "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
-                 "KERAS_DISTRIBUTION_PROCESS_ID": str(index)} for index in (0, 1)]
-    workers = [f"127.0.0.1:{free_port()}" for _ in (0, 1)]
-    return [{"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
-                                      "task": {"type": "worker", "index": index}})}
-            for index in (0, 1)]
+    """The environment of each of two processes on 127.0.0.1, by the engine's rules: those
+    of benchmarks/cluster_faults.py, which starts the same clusters."""
+    return benchmark_module("cluster_faults").cluster_environments(BACKEND)
 
 
 def start(started, run_dir, steps, every, devices, tmp, environment=None, validation="no"):

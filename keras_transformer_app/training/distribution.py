@@ -204,13 +204,14 @@ class Distributed:
 
             # A step's collective raises JaxRuntimeError; the same failure in a checkpoint's
             # save (`device_put` checks that every process holds the same value, an
-            # all-gather) comes as a ValueError.
-            lost, name = (jax.errors.JaxRuntimeError, ValueError), _jax_peer
+            # all-gather) comes as a ValueError. JAX's runtime would then wait at exit for
+            # the lost process (`runtime_waits`).
+            lost, name, waits = (jax.errors.JaxRuntimeError, ValueError), _jax_peer, True
         else:
             import tensorflow as tf
 
             lost = (tf.errors.UnavailableError, tf.errors.AbortedError)
-            name = functools.partial(_tf_tasks, own=self.cluster.task)
+            name, waits = functools.partial(_tf_tasks, own=self.cluster.task), False
         try:
             yield
         except lost as error:
@@ -219,7 +220,7 @@ class Distributed:
             peer_lost = PeerLostError(
                 f"Lost {name(error)}, so training stopped. Start every process again with "
                 "the same command: training resumes from the chief's last backup.")
-            peer_lost.runtime_waits = keras.backend.backend() == "jax"
+            peer_lost.runtime_waits = waits
             raise peer_lost from error
 
     def __repr__(self):

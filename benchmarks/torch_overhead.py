@@ -322,34 +322,71 @@ def main(argv=None):
         for model in ("ours", "keras"):
             common.progress(f"profiling {model}")
             profiles[model] = run_child(args, model, profile=True)["profile"]
-    print_tables(rows, profiles)
-    common.write_results({"script": "torch_overhead", "commit": commit,
-                          "command": common.command_line("torch_overhead.py", argv),
-                          "sizes": SIZES, "batch": [8, 16], "threads": 1,
-                          "rows": rows, "profiles": profiles}, args.output)
+    results = common.completed({
+        "script": "torch_overhead", "commit": commit,
+        "command": common.command_line("torch_overhead.py", argv), "sizes": SIZES,
+        "batch": [8, 16], "threads": 1, "steps": args.steps, "rounds": args.rounds,
+        "loss_chunk_size": args.loss_chunk_size, "rows": rows, "profiles": profiles})
+    print(markdown([results]))
+    common.write_results(results, args.output)
 
 
-def print_tables(rows, profiles):
-    """The models' steps and their ratios to the eager peer and to the Keras model; then,
-    when profiled, the split of ours' and the Keras model's step."""
-    print("| model | ms per step | × eager peer | × Keras layers model |")
-    print("| --- | --- | --- | --- |")
-    peer, plain = (rows.get(name, {}).get("ms_per_step") for name in ("peer", "keras"))
-    for model, row in rows.items():
-        ms = row["ms_per_step"]
-        print(f"| {model} | {ms:.1f} | {f'{ms / peer:.2f}' if peer else '—'} | "
-              f"{f'{ms / plain:.2f}' if plain else '—'} |")
-    if profiles:
-        names = list(profiles)
+LABELS = {"peer": "`torch.nn.Transformer`, eager (the peer)", "ours": "ours",
+          "keras": "the same shapes from Keras's layers",
+          "peer_compiled": "the peer, `torch.compile`", "ours_compiled": "ours, `jit_compile=True`"}
+
+
+def table(runs):
+    """The Markdown of one run's results (`--output`), or of a folder of them
+    (benchmarks/tables.py's kind `torch_overhead`): a line per run (its command, commit and
+    machine), a row per run and model: the median step, the rounds' steps, and the ratios
+    to that run's eager peer and Keras layers' model; then, for a run with `--profile`, the
+    split of its profiled steps by area, the largest first."""
+    runs = runs if isinstance(runs, list) else [runs]
+    if quick := [run["command"] for run in runs if "--quick" in run["command"]]:
+        raise ValueError(f"a torch_overhead.py --quick run's figures are meaningless: {quick[0]}")
+    return markdown(runs)
+
+
+def markdown(runs):
+    """`table`'s Markdown of a list of runs, a --quick one's too (the script prints it)."""
+    import records
+    import run_all
+
+    lines, rows = [], []
+    for run in runs:
+        made = run["machine"]
+        lines.append(f"- `{run['command']}` at commit `{run['commit']}`, on "
+                     f"{made['usable_cores']} cores of {records._machine(made)}: "
+                     + (f"the median of {run['rounds']} rounds' medians" if run["rounds"] > 1
+                        else "one round's median") + f" of {run['steps']} steps")
+        peer, plain = (run["rows"].get(name, {}).get("ms_per_step") for name in ("peer", "keras"))
+        order = MODELS + COMPILED  # a results file's keys are sorted
+        for model, row in sorted(run["rows"].items(), key=lambda item: order.index(item[0])):
+            ms = row["ms_per_step"]
+            label = LABELS.get(model, model)
+            if model.startswith("ours") and run["loss_chunk_size"] == 0:
+                label += ", the loss on the whole logits (`--loss-chunk-size 0`)"
+            rounds = ", ".join(f"{r:.1f}" for r in row["round_ms_per_step"])
+            rows.append((label, f"{ms:.1f}", rounds, f"{ms / peer:.2f}" if peer else "—",
+                         f"{ms / plain:.2f}" if plain else "—"))
+    lines += ["", run_all.table(("model", "ms per step", "each round", "× its run's eager peer",
+                                 "× its run's Keras layers' model"), rows)]
+    for run in runs:
+        profiles = run.get("profiles") or {}
+        if not profiles:
+            continue
+        names = sorted(profiles, key=(MODELS + COMPILED).index)
         areas = sorted({area for profile in profiles.values() for area in profile},
                        key=lambda area: -max(p.get(area, 0.0) for p in profiles.values()))
-        print(f"\n| where a profiled step goes (ms) | {' | '.join(names)} |")
-        print(f"| --- |{' --- |' * len(names)}")
-        for area in areas:
-            print(f"| {area} | " + " | ".join(f"{profiles[n].get(area, 0.0):.1f}"
-                                             for n in names) + " |")
-        print("| total | " + " | ".join(f"{sum(profiles[n].values()):.1f}" for n in names)
-              + " |")
+        profile_rows = [(area.replace("__call__", "`__call__`"),
+                         *(f"{profiles[n].get(area, 0.0):.1f}" for n in names))
+                        for area in areas]
+        profile_rows.append(("total", *(f"{sum(profiles[n].values()):.1f}" for n in names)))
+        lines += ["", f"Where a profiled step goes, ms (`{run['command']}`: one more `fit` under "
+                  "cProfile, which slows Python more than C++):", "",
+                  run_all.table(("where", *(LABELS.get(n, n) for n in names)), profile_rows)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

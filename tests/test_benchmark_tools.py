@@ -952,3 +952,42 @@ def test_isa_check_findings_make_a_row_per_engine(tables):
     # The decoding runs beside it, as the machine is and capped, are told apart by the cap.
     assert [tables._run_name({"backend": "jax", "machine": {"isa_cap": cap}})
             for cap in (None, "AVX2")] == ["JAX", "JAX capped at AVX2"]
+
+
+def test_torch_overhead_runs_make_a_row_per_run_and_model_and_a_profile_table(tables):
+    """torch_overhead.py --output, a folder of runs (benchmarks/RESULTS.md): a line per run,
+    a row per run and model with the ratios to that run's own peer and Keras model (the
+    whole-logits run's name says so), then the profiled run's split, largest area first."""
+    machine = {"cpu": "AMD EPYC", "isa": "AVX-512", "usable_cores": 2}
+    runs = [{"command": "python benchmarks/torch_overhead.py --profile", "commit": "abc1234",
+             "machine": machine, "steps": 30, "rounds": 2, "loss_chunk_size": 1024,
+             # A results file's keys are sorted: the rows follow the script's order.
+             "rows": {"keras": {"ms_per_step": 20.0, "round_ms_per_step": [20.0, 21.0]},
+                      "ours": {"ms_per_step": 15.0, "round_ms_per_step": [15.0, 14.0]},
+                      "peer": {"ms_per_step": 10.0, "round_ms_per_step": [10.0, 11.0]}},
+             "profiles": {"keras": {"optimizer": 2.0, "torch kernels": 3.0},
+                          "ours": {"optimizer": 1.0, "layer __call__ machinery": 4.0}}},
+            {"command": "python benchmarks/torch_overhead.py --models peer,ours "
+                        "--loss-chunk-size 0", "commit": "abc1234", "machine": machine,
+             "steps": 30, "rounds": 1, "loss_chunk_size": 0, "profiles": {},
+             "rows": {"peer": {"ms_per_step": 8.0, "round_ms_per_step": [8.0]},
+                      "ours": {"ms_per_step": 12.0, "round_ms_per_step": [12.0]}}}]
+    lines = tables.KINDS["torch_overhead"]("torch_overhead", runs).splitlines()
+    assert lines[:2] == [
+        "- `python benchmarks/torch_overhead.py --profile` at commit `abc1234`, on 2 cores of "
+        "an AMD EPYC (AVX-512): the median of 2 rounds' medians of 30 steps",
+        "- `python benchmarks/torch_overhead.py --models peer,ours --loss-chunk-size 0` at "
+        "commit `abc1234`, on 2 cores of an AMD EPYC (AVX-512): one round's median of 30 "
+        "steps"]
+    assert lines[5:10] == [
+        "| `torch.nn.Transformer`, eager (the peer) | 10.0 | 10.0, 11.0 | 1.00 | 0.50 |",
+        "| ours | 15.0 | 15.0, 14.0 | 1.50 | 0.75 |",
+        "| the same shapes from Keras's layers | 20.0 | 20.0, 21.0 | 2.00 | 1.00 |",
+        "| `torch.nn.Transformer`, eager (the peer) | 8.0 | 8.0 | 1.00 | — |",
+        "| ours, the loss on the whole logits (`--loss-chunk-size 0`) | 12.0 | 12.0 | 1.50 | — |"]
+    assert lines[-6:] == ["| where | ours | the same shapes from Keras's layers |",
+                          "| --- | --- | --- |", "| layer `__call__` machinery | 4.0 | 0.0 |",
+                          "| torch kernels | 0.0 | 3.0 |", "| optimizer | 1.0 | 2.0 |",
+                          "| total | 5.0 | 5.0 |"]
+    with pytest.raises(ValueError, match="meaningless"):
+        tables.KINDS["torch_overhead"]("torch_overhead", dict(runs[1], command="x --quick"))

@@ -9,6 +9,9 @@ and per decoding step. "traced" is the library as it runs; "eager" the same sear
 `while_loop`, the cache written by `ops.slice_update`).
 
     python benchmarks/torch_decoding.py
+    python benchmarks/torch_decoding.py --output torch-decoding.json   # also the figures
+
+The results file (`--output`) makes benchmarks/tables.py's kind `torch_decoding`.
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
@@ -43,7 +46,26 @@ def build_parser():
     """The script's command-line options."""
     parser = common.argument_parser(__doc__)
     parser.add_argument("--length", type=int, default=32, help="tokens decoded per sentence")
+    parser.add_argument("--output", help="also write the figures to this JSON file")
     return parser
+
+
+def table(result):
+    """The Markdown of a run's results (`--output`; benchmarks/tables.py's kind
+    `torch_decoding`): the command, commit and machine, then a row per search."""
+    import records
+    import run_all
+
+    made = result["machine"]
+    rows = [(name, f"{row['traced_ms_per_step']:.2f}", f"{row['eager_ms_per_step']:.2f}",
+             f"{row['eager_ms_per_step'] / row['traced_ms_per_step']:.1f}×")
+            for name, row in result["searches"].items()]
+    return "\n".join([
+        f"`{result['command']}` at commit `{result['commit']}`, on {made['usable_cores']} "
+        f"cores of {records._machine(made)}: batch {result['batch']}, {result['length']} "
+        "tokens a sentence, the median of 5 calls:", "",
+        run_all.table(("search", "traced, ms per step", "eager (`torch.no_grad`), ms per step",
+                       "eager / traced"), rows)])
 
 
 def main():
@@ -72,15 +94,13 @@ def main():
         cache, [0, index, 0], update)
     for name, search in searches.items():
         figures[name].append(timed(search))
-    machine = common.machine()
-    print(f"CPU: {machine['cpu']} ({machine['isa']}), {machine['usable_cores']} cores; "
-          f"torch, batch 8, {args.length} tokens")
-    print("| search | traced, ms per step | eager, ms per step | eager / traced |")
-    print("| --- | --- | --- | --- |")
-    for name, (traced, eager) in figures.items():
-        print(f"| {name} | {traced / args.length:.2f} | {eager / args.length:.2f} | "
-              f"{eager / traced:.1f}× |")
-
+    result = common.completed({
+        "script": "torch_decoding", "batch": len(source), "length": args.length,
+        "searches": {name: {"traced_ms_per_step": traced / args.length,
+                            "eager_ms_per_step": eager / args.length}
+                     for name, (traced, eager) in figures.items()}})
+    print(table(result))
+    common.write_results(result, args.output)
 
 if __name__ == "__main__":
     common.run_script(main)

@@ -991,3 +991,19 @@ def test_torch_overhead_runs_make_a_row_per_run_and_model_and_a_profile_table(ta
                           "| total | 5.0 | 5.0 |"]
     with pytest.raises(ValueError, match="meaningless"):
         tables.KINDS["torch_overhead"]("torch_overhead", dict(runs[1], command="x --quick"))
+
+
+def test_torch_decoding_results_make_a_row_per_search(tables):
+    """torch_decoding.py --output (benchmarks/RESULTS.md): the command, commit, machine and
+    sizes, then each search's traced and eager step and their ratio."""
+    result = {"command": "python benchmarks/torch_decoding.py --output x.json",
+              "commit": "abc1234", "batch": 8, "length": 32,
+              "machine": {"cpu": "AMD EPYC", "isa": "AVX-512", "usable_cores": 2},
+              "searches": {"greedy": {"traced_ms_per_step": 4.0, "eager_ms_per_step": 20.0},
+                           "beam 4": {"traced_ms_per_step": 8.0, "eager_ms_per_step": 26.0}}}
+    assert tables.KINDS["torch_decoding"]("torch_decoding", result).splitlines() == [
+        "`python benchmarks/torch_decoding.py --output x.json` at commit `abc1234`, on 2 cores "
+        "of an AMD EPYC (AVX-512): batch 8, 32 tokens a sentence, the median of 5 calls:", "",
+        "| search | traced, ms per step | eager (`torch.no_grad`), ms per step | eager / traced |",
+        "| --- | --- | --- | --- |", "| greedy | 4.00 | 20.00 | 5.0× |",
+        "| beam 4 | 8.00 | 26.00 | 3.2× |"]

@@ -34,6 +34,7 @@ if __name__ == "__main__":  # the process is this script's own: set up before Ke
 import collections
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -251,6 +252,15 @@ def rounds_of_windows(rounds, windows, steps):
     return of_windows if rounds == 1 else f"the median of {rounds} rounds, each {of_windows}"
 
 
+def _run_label(run):
+    """A run as a profile's row names it: its machine, its cap, the XLA_FLAGS it set."""
+    import records
+
+    cap, flags = run["machine"].get("isa_cap"), run["command"].startswith("XLA_FLAGS=")
+    return (records._machine(run["machine"], False) + (f", capped at {cap}" if cap else "")
+            + (f", `{run['command'].split()[0]}`" if flags else ""))
+
+
 def table(runs):
     """The Markdown of runs' results (`--output`; benchmarks/tables.py's kind `cpu_step`),
     two columns each: the command, commit and machine (its `--max-isa` cap too) of each;
@@ -279,7 +289,25 @@ def table(runs):
     rows = [(records.BACKEND_NAMES[backend], loss,
              *(value for index in range(len(runs)) for value in by_run.get(index, ("–", "–"))))
             for (backend, loss), by_run in figures.items()]
-    return "\n".join([*described, "", run_all.table(("backend", "loss", *columns), rows)])
+    lines = [*described, "", run_all.table(("backend", "loss", *columns), rows)]
+    profiled = [(run, name, profile) for run in runs
+                for name, profile in (run.get("profiles") or {}).items()]
+    if profiled:
+        groups = ("matmul", "attention", "layout", "optimizer", "element-wise and other")
+        lines += ["", "Where a step goes, from each backend's profiler (its overhead included), "
+                  "ms per step:", "",
+                  run_all.table(("run", "backend, loss", "matrix products", "attention",
+                                 "layout copies", "optimizer", "element-wise and other",
+                                 "largest single entries"),
+                                [(_run_label(run),
+                                  "{}, {}".format(records.BACKEND_NAMES[name.split()[0]],
+                                                  name.split(maxsplit=1)[1]),
+                                  *(f"{profile['groups_ms'].get(group, 0.0):,.0f}"
+                                    for group in groups),
+                                  ", ".join(f"`{op[:40]}` {ms:,.0f}" for op, ms in sorted(
+                                      profile["top_ms"].items(), key=lambda item: -item[1])[:3]))
+                                 for run, name, profile in profiled])]
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -304,7 +332,10 @@ def main(argv=None):
                         profiles[f"{backend} {loss}"] = result["profile"]
     rows = [{"backend": backend, "loss": loss, "rounds": times, "windows": windows[backend, loss],
              "ms_per_step": statistics.median(times)} for (backend, loss), times in runs.items()]
-    results = {"commit": git_commit(), "command": common.command_line("cpu_step.py", argv),
+    command = common.command_line("cpu_step.py", argv)
+    if os.environ.get("XLA_FLAGS"):  # what the processes' XLA ran with (YNNPACK off, say)
+        command = f"XLA_FLAGS={shlex.quote(os.environ['XLA_FLAGS'])} {command}"
+    results = {"commit": git_commit(), "command": command,
                "machine": common.machine(), "steps": args.steps, "quick": args.quick,
                "rows": rows, "profiles": profiles}
     print()

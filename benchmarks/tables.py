@@ -289,9 +289,10 @@ def _chunked_loss(kind, run):
 
 
 def _cpu_step(kind, runs):
-    """A folder of `cpu_step.py --output FILE` runs: `cpu_step.table`."""
+    """A folder of `cpu_step.py --output FILE` runs, or one: `cpu_step.table`."""
     import cpu_step
 
+    runs = runs if isinstance(runs, list) else [runs]  # a folder of runs, or one run
     if quick := [run["command"] for run in runs if run.get("quick")]:
         raise ValueError(f"a cpu_step.py --quick run's figures are meaningless: {quick[0]}")
     return cpu_step.table(runs)

@@ -836,6 +836,33 @@ def test_cpu_step_runs_make_one_table_a_column_pair_each(tables, tmp_path, monke
     with pytest.raises(ValueError, match="--quick run's figures are meaningless"):
         tables.KINDS["cpu_step"]("cpu_step", [{**runs[0], "quick": True}])
 
+    # A profiled run, with the XLA_FLAGS its processes ran with in its command: one run (a
+    # file, not a folder) makes the table, and its profile a row per backend and loss.
+    monkeypatch.delenv(cpu_step.common.ISA_CAP_VARIABLE)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=")
+    profile = {"groups_ms": {"matmul": 139.4, "layout": 173.0, "element-wise and other": 413.0},
+               "top_ms": {"copy_bitcast_fusion": 129.0, "dot": 139.0, "wrapped_reduce": 118.0,
+                          "add": 3.0}}
+    real_child = child
+
+    def profiled(command, env=None, **keywords):
+        done = real_child(command, env=env, **keywords)
+        if "--child" in command:
+            line = json.loads(done.stdout.splitlines()[-1])
+            done.stdout = json.dumps(dict(line, profile=profile)) + "\n"
+        return done
+
+    monkeypatch.setattr(cpu_step.subprocess, "run", profiled)
+    cpu_step.main(["--backends", "jax", "--losses", "reference", "--steps", "30", "--windows",
+                   "3", "--rounds", "1", "--profile", "--output", str(tmp_path / "ynn.json")])
+    run = tables.records.load(str(tmp_path / "ynn.json"))
+    assert run["command"].startswith(
+        "XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= TF_CPP_MIN_LOG_LEVEL=3 python ")
+    lines = tables.KINDS["cpu_step"]("cpu_step", run).splitlines()
+    assert lines[-1] == (f"| {machine}, `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` | "
+                         "JAX, reference | 139 | 0 | 173 | 0 | 413 | `dot` 139, "
+                         "`copy_bitcast_fusion` 129, `wrapped_reduce` 118 |")
+
 
 ECHO = "import sys\nfor line in sys.stdin:\n    print(line.strip()[::-1], flush=True)\n"
 

@@ -10,6 +10,11 @@ steps. A synthetic batch, so the data pipeline is not timed.
 
     git worktree add /tmp/before HEAD~1
     TF_CPP_MIN_LOG_LEVEL=3 python benchmarks/step_by_checkout.py /tmp/before .
+    TF_CPP_MIN_LOG_LEVEL=3 python benchmarks/step_by_checkout.py /tmp/before . --output ab.json
+
+A checkout given twice is measured twice (a process each). The results file (`--output`:
+each checkout's commit, a figure per backend and checkout given) makes benchmarks/tables.py's
+kind `step_by_checkout`, one run's or a folder of runs'.
 """
 
 if __name__ == "__main__":  # the process is this script's own: set up before Keras loads
@@ -62,26 +67,64 @@ def build_parser():
     parser.add_argument("checkouts", nargs="+", help="folders holding keras_transformer/")
     parser.add_argument("--backends", default="tensorflow,jax,torch")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per process")
+    parser.add_argument("--output", help="also write the figures to this JSON file")
     return parser
+
+
+def checkout_commit(folder):
+    """The short commit a checkout's tree is at, "(uncommitted changes)" added when its
+    library differs from it."""
+    def git(*argv):
+        return subprocess.run(["git", "-C", folder, *argv], capture_output=True,
+                              text=True).stdout.strip()
+
+    changed = git("status", "--porcelain", "--", "keras_transformer")
+    return git("rev-parse", "--short", "HEAD") + (" (uncommitted changes)" if changed else "")
+
+
+def table(runs):
+    """The Markdown of runs' results (`--output`; benchmarks/tables.py's kind
+    `step_by_checkout`): a line per run (its command, commit and machine), then a row per
+    backend and a column per checkout's commit, each process's median ms per step."""
+    import records
+    import run_all
+
+    runs = runs if isinstance(runs, list) else [runs]
+    lines, commits, cells = [], [], {}
+    for run in runs:
+        made = run["machine"]
+        lines.append(f"- `{run['command']}` at commit `{run['commit']}`, on "
+                     f"{made['usable_cores']} cores of {records._machine(made)}: the median "
+                     f"of {run['steps']} steps a process")
+        for row in run["rows"]:
+            commits += [row["checkout"]] * (row["checkout"] not in commits)
+            cells.setdefault(row["backend"], {}).setdefault(row["checkout"], []).append(
+                row["ms_per_step"])
+    rows = [(records.BACKEND_NAMES[backend],
+             *("; ".join(f"{ms:.1f}" for ms in by_checkout.get(commit, [])) or "–"
+               for commit in commits)) for backend, by_checkout in cells.items()]
+    return "\n".join([*lines, "", run_all.table(
+        ("backend", *(f"`{commit}`, ms per step" for commit in commits)), rows)])
 
 
 def main():
     args = build_parser().parse_args()
-    machine = common.machine()
-    print(f"CPU: {machine['cpu']} ({machine['isa']}), {machine['usable_cores']} cores")
-    print("| backend | " + " | ".join(args.checkouts) + " |")
-    print("| --- |" + " --- |" * len(args.checkouts))
+    commits = {checkout: checkout_commit(checkout) for checkout in args.checkouts}
+    rows = []
     for backend in args.backends.split(","):
-        cells = []
         for checkout in args.checkouts:
             result = subprocess.run(
                 [sys.executable, "-c", CHILD, os.path.abspath(checkout), str(args.steps)],
                 capture_output=True, text=True, env=dict(os.environ, KERAS_BACKEND=backend))
             if result.returncode != 0:
                 sys.exit(f"{backend} at {checkout} failed:\n{result.stderr[-3000:]}")
-            cells.append(f"{result.stdout.strip().splitlines()[-1]} ms")
-        print(f"| {backend} | " + " | ".join(cells) + " |", flush=True)
-
+            rows.append({"backend": backend, "checkout": commits[checkout],
+                         "ms_per_step": float(result.stdout.strip().splitlines()[-1])})
+            common.progress(f"{backend} at {checkout}: {rows[-1]['ms_per_step']:.1f} ms")
+    results = common.completed({"script": "step_by_checkout", "steps": args.steps,
+                                "checkouts": commits, "rows": rows})
+    print(table(results))
+    common.write_results(results, args.output)
 
 if __name__ == "__main__":
     common.run_script(main)

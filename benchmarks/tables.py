@@ -301,7 +301,7 @@ def _cpu_step(kind, runs):
 def _script_table(kind, result):
     """A results file (`--output FILE`) of the script `benchmarks/KIND.py`, whose own
     `table` makes its Markdown (cluster_faults.py, isa_check.py, torch_overhead.py,
-    torch_decoding.py)."""
+    torch_decoding.py, step_by_checkout.py)."""
     import importlib
 
     return importlib.import_module(kind).table(result)
@@ -330,6 +330,7 @@ KINDS = {
     "isa_check": _script_table,  # isa_check.py --output: what each engine picked, and capped
     "torch_overhead": _script_table,  # a folder of torch_overhead.py --output runs: the steps
     "torch_decoding": _script_table,  # torch_decoding.py --output: traced loops against eager
+    "step_by_checkout": _script_table,  # step_by_checkout.py --output runs: a step per checkout
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model

@@ -1034,3 +1034,28 @@ def test_torch_decoding_results_make_a_row_per_search(tables):
         "| search | traced, ms per step | eager (`torch.no_grad`), ms per step | eager / traced |",
         "| --- | --- | --- | --- |", "| greedy | 4.00 | 20.00 | 5.0× |",
         "| beam 4 | 8.00 | 26.00 | 3.2× |"]
+
+
+def test_step_by_checkout_runs_make_a_column_per_checkout_and_a_figure_per_process(tables):
+    """step_by_checkout.py --output, a folder of runs (benchmarks/RESULTS.md): a line per
+    run, a row per backend, a column per checkout's commit in the order met, a checkout
+    measured again (in the same run or another) giving its figures side by side."""
+    machine = {"cpu": "AMD EPYC", "isa": "AVX-512", "usable_cores": 2}
+    runs = [{"command": "python benchmarks/step_by_checkout.py /tmp/before /tmp/after",
+             "commit": "abc1234", "machine": machine, "steps": 20,
+             "rows": [{"backend": "tensorflow", "checkout": "4b8b2c2", "ms_per_step": 355.04},
+                      {"backend": "tensorflow", "checkout": "27d7b75", "ms_per_step": 350.4},
+                      {"backend": "torch", "checkout": "4b8b2c2", "ms_per_step": 508.3},
+                      {"backend": "torch", "checkout": "27d7b75", "ms_per_step": 522.3}]},
+            {"command": "python benchmarks/step_by_checkout.py /tmp/before /tmp/after "
+                        "--backends torch --steps 30", "commit": "abc1234", "machine": machine,
+             "steps": 30, "rows": [{"backend": "torch", "checkout": "4b8b2c2",
+                                    "ms_per_step": 524.3}]}]
+    assert tables.KINDS["step_by_checkout"]("step_by_checkout", runs).splitlines() == [
+        "- `python benchmarks/step_by_checkout.py /tmp/before /tmp/after` at commit `abc1234`, "
+        "on 2 cores of an AMD EPYC (AVX-512): the median of 20 steps a process",
+        "- `python benchmarks/step_by_checkout.py /tmp/before /tmp/after --backends torch "
+        "--steps 30` at commit `abc1234`, on 2 cores of an AMD EPYC (AVX-512): the median of "
+        "30 steps a process", "",
+        "| backend | `4b8b2c2`, ms per step | `27d7b75`, ms per step |", "| --- | --- | --- |",
+        "| TensorFlow | 355.0 | 350.4 |", "| torch | 508.3; 524.3 | 522.3 |"]

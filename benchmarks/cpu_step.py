@@ -278,8 +278,7 @@ def table(runs):
             f"- `{run['command']}` at commit `{run['commit']}`, on {made['usable_cores']} "
             f"cores of {machine}" + (f", every engine capped at {cap}" if cap else "") + "; "
             + rounds_of_windows(len(first["rounds"]), len(first["windows"][0]), run["steps"]))
-        columns += [f"{machine}{f', capped at {cap}' if cap else ''}, ms per step",
-                    "× TensorFlow"]
+        columns += [f"{_run_label(run)}, ms per step", "× TensorFlow"]
         reference = {row["loss"]: row["ms_per_step"] for row in run["rows"]
                      if row["backend"] == "tensorflow"}
         for row in run["rows"]:

@@ -811,6 +811,7 @@ def test_cpu_step_runs_make_one_table_a_column_pair_each(tables, tmp_path, monke
 
     monkeypatch.setattr(cpu_step.subprocess, "run", child)
     monkeypatch.setattr(cpu_step, "prepare", lambda args, folder: None)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # the suite's own (tests/conftest.py)
     folder = tmp_path / "cpu-step"
     folder.mkdir()
     arguments = ["--losses", "chunked", "--steps", "40", "--windows", "3", "--rounds", "1"]

@@ -16,10 +16,11 @@ With log p(k) = z_k - lse(z) for the logits z, the loss is one pass over them,
 which the fused form (`fused=True`) computes without a (batch, T, vocab) tensor of
 log-probabilities, and differentiates by the formula (`keras.ops.custom_gradient`)
 instead of through a log-softmax. The default is the log-softmax written out, the
-reference the fused form is tested against: on a 2-core CPU it trains the Multi30k
-recipe's model faster under all three backends (`benchmarks/cpu_step.py`,
-docs/performance.md), where the fused form's extra element-wise passes cost more than
-the tensor they save. On a GPU the fused form is measured by `benchmarks/gpu_all.sh`.
+reference the fused form is tested against. Which of the two trains the Multi30k
+recipe's model faster on a 2-core CPU depends on the backend and the CPU
+(`benchmarks/cpu_step.py`, docs/performance.md): under eager PyTorch the fused form's
+extra element-wise passes cost more than the tensor they save. On a GPU the fused form is
+measured by `benchmarks/gpu_all.sh`.
 """
 
 import keras

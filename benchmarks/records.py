@@ -78,11 +78,11 @@ def trials(kind, records):
 
 
 def record(run_dir, output, trial, provenance=None, wall_seconds=None):
-    """Writes the record of a finished training run that a table is made from (a row
-    of a table of trials or of clusters, the quickstart's table): its results.json, its
-    training and validation loss at each window's end (training_log.csv), the run's name,
-    the whole command's `wall_seconds` where they were measured (`/usr/bin/time`), and, for
-    a run whose results.json predates it, its `provenance`."""
+    """Writes the record of a finished training run that a table is made from (a row of a
+    table of trials or clusters, the quickstart's and the windows' tables): its results.json,
+    its training and validation loss and seconds (the window's, its compilation's and its
+    validation pass's) at each window's end (training_log.csv), the run's name, the whole
+    command's `wall_seconds` (`/usr/bin/time`), and, for an older results.json, `provenance`."""
     import csv
 
     from keras_transformer_app import run_files
@@ -93,9 +93,11 @@ def record(run_dir, output, trial, provenance=None, wall_seconds=None):
         rows = list(csv.DictReader(file))
     # Every digit the log has: a trial's table shows 3 decimals, the table of clusters 6 (two
     # runs agree to 1e-5).
-    losses, training = ({row["step"].split(".")[0]: float(row[name]) for row in rows
-                         if row.get(name)} for name in ("val_loss", "loss"))
-    results = {"trial": trial, **results, "validation_loss": losses, "training_loss": training}
+    columns = {"validation_loss": "val_loss", "training_loss": "loss", "window_seconds": "seconds",
+               "compile_seconds": "compile_seconds", "validation_seconds": "validation_seconds"}
+    results = {"trial": trial, **results, **{key: {row["step"].split(".")[0]: float(row[name])
+                                                   for row in rows if row.get(name)}
+                                             for key, name in columns.items()}}
     if wall_seconds is not None:
         results["wall_seconds"] = wall_seconds
     if provenance:

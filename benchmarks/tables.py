@@ -40,6 +40,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import gpu_tables  # noqa: E402  (beside this file)
+import recipe_tables  # noqa: E402
 import records  # noqa: E402
 from records import BACKEND_NAMES, record  # noqa: E402  (`tables.record`: --record's)
 
@@ -331,6 +332,7 @@ KINDS = {
     "torch_overhead": _script_table,  # a folder of torch_overhead.py --output runs: the steps
     "torch_decoding": _script_table,  # torch_decoding.py --output: traced loops against eager
     "step_by_checkout": _script_table,  # step_by_checkout.py --output runs: a step per checkout
+    "recipe_windows": recipe_tables.windows,  # a folder of one recipe command's records per backend
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base
     "gpu_paper_time": gpu_tables.gpu_paper_time,  # the same: the paper's training time per model

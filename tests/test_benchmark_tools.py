@@ -1060,3 +1060,37 @@ def test_step_by_checkout_runs_make_a_column_per_checkout_and_a_figure_per_proce
         "30 steps a process", "",
         "| backend | `4b8b2c2`, ms per step | `27d7b75`, ms per step |", "| --- | --- | --- |",
         "| TensorFlow | 355.0 | 350.4 |", "| torch | 508.3; 524.3 | 522.3 |"]
+
+
+def test_a_recipe_commands_windows_on_each_backend_make_a_row_each(tables, tmp_path):
+    """--record keeps each window's seconds, compilation and validation pass from the run's
+    training_log.csv; the kind recipe_windows (docs/performance.md) makes a row per backend's
+    record: the first two windows with their compilation, and a step of the second without
+    its compilation and validation pass; runs whose windows differ in size make no table."""
+    folder = tmp_path / "windows"
+    folder.mkdir()
+    for index, (backend, compiled) in enumerate((("tensorflow", 110.0), ("jax", 48.0)), 1):
+        run_dir = tmp_path / backend
+        run_dir.mkdir()
+        (run_dir / "results.json").write_text(json.dumps({"backend": backend, "provenance": {
+            "command": f"KERAS_BACKEND={backend} python -m recipes.multi30k --steps 400",
+            "commit": "abc1234", "cores": 2, "cpu": "AMD EPYC", "isa": "AVX-512"}}))
+        (run_dir / "training_log.csv").write_text(
+            "epoch,compile_seconds,loss,seconds,step,val_loss,validation_seconds\n"
+            f"0,{compiled},5.0,231.0,200,4.5,6.0\n1,11.0,4.0,90.0,400,4.0,2.0\n")
+        tables.record(str(run_dir), str(folder / f"{index}-{backend}.json"), backend)
+    runs = tables.records.load(str(folder))
+    assert runs[0]["window_seconds"] == {"200": 231.0, "400": 90.0}
+    assert runs[0]["validation_seconds"]["400"] == 2.0 and runs[0]["training_loss"]["400"] == 4.0
+    assert tables.KINDS["recipe_windows"]("recipe_windows", runs).splitlines() == [
+        "| backend | CPU | code | first window of 200 steps (its compilation) | second window "
+        "of 200 (its compilation) | a step of the second window, compilation and validation "
+        "left out |", "| --- | --- | --- | --- | --- | --- |",
+        "| TensorFlow | AMD EPYC (AVX-512) | commit `abc1234` | 231.0 s (110.0 s) | 90.0 s "
+        "(11.0 s) | 0.39 s |",
+        "| JAX | AMD EPYC (AVX-512) | commit `abc1234` | 231.0 s (48.0 s) | 90.0 s (11.0 s) | "
+        "0.39 s |"]
+    shorter = dict(runs[1], **{name: {"100": 1.0, "400": 2.0} for name in (
+        "window_seconds", "compile_seconds", "validation_seconds")})
+    with pytest.raises(ValueError, match="differ in size"):
+        tables.KINDS["recipe_windows"]("recipe_windows", [runs[0], shorter])

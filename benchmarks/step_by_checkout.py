@@ -97,7 +97,8 @@ def table(runs):
                      f"{made['usable_cores']} cores of {records._machine(made)}: the median "
                      f"of {run['steps']} steps a process")
         for row in run["rows"]:
-            commits += [row["checkout"]] * (row["checkout"] not in commits)
+            if row["checkout"] not in commits:  # the columns, in the order met
+                commits.append(row["checkout"])
             cells.setdefault(row["backend"], {}).setdefault(row["checkout"], []).append(
                 row["ms_per_step"])
     rows = [(records.BACKEND_NAMES[backend],
@@ -125,6 +126,7 @@ def main():
                                 "checkouts": commits, "rows": rows})
     print(table(results))
     common.write_results(results, args.output)
+
 
 if __name__ == "__main__":
     common.run_script(main)

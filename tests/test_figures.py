@@ -7,11 +7,15 @@ abcdef1` (seven hexadecimal digits or more), in its own section of the page (fro
 heading above it to the next), or in a cell of its own; and every commit named must be
 one of the repository's. A table of numbers that are not measurements (the paper's
 hyperparameters, say) says so with `<!-- not measured -->` on the line before it.
+
+The figures of the prose come from results files too (tests/figures_in_prose.py), or are
+declared in tests/figures_declared.txt.
 """
 
 import os
 import subprocess
 
+import figures_in_prose as prose
 import pytest
 from helpers import REPOSITORY, benchmark_module
 
@@ -140,3 +144,40 @@ def test_a_generated_blocks_marker_is_not_a_command_of_its_section():
     assert figures.entry_files(block, REPOSITORY) is None
     assert figures.entry_files("`python benchmarks/decoding.py`:\n\n" + block,
                                REPOSITORY) == {"benchmarks/decoding.py"}
+
+
+def test_the_prose_scan_finds_figures_and_their_sources():
+    text = ("- **A trial** scores 42.10 at α 1.4, 0.61 above the defaults' 41.49, in 197 ms\n"
+            "  (1.36× the peer's; `--steps 8000` and 3.14.1 are not figures; §6.1 neither).\n\n"
+            "```bash\npython x.py 2.5\n```\n"
+            "<!-- generated from docs/results/x.json (kind) by benchmarks/tables.py -->\n"
+            "| 9.99 |\n<!-- end of generated -->\n| hand | 7.5 s |\n")
+    [(first, item), (row, cells)] = prose.paragraphs(text.splitlines())
+    assert (first, row) == (1, 10) and cells == "| hand | 7.5 s |"
+    written = prose.figures(item)
+    assert written == ["42.10", "1.4", "0.61", "41.49", "197 ms", "1.36×"]
+    sourced = [f for f in written if prose._matches(f, {"41.49"}, [42.0951, 0.197, 1.4])]
+    assert sourced == ["42.10", "1.4", "41.49", "197 ms"]  # rounded as written; s as ms
+    assert prose._derived("0.61", sourced) and not prose._derived("1.36×", sourced)
+
+
+def test_every_figure_in_the_prose_comes_from_a_results_file_or_is_declared():
+    """Issue 83: a measured figure is written from its results file; one that is not a
+    measurement, or follows from others, says so in tests/figures_declared.txt."""
+    missing, _ = prose.unsourced(REPOSITORY)
+    declared = prose.declared()
+    undeclared = sorted({f"{page}:{line}: {figure}" for page, line, figure in missing
+                         if (page, figure) not in declared})
+    assert not undeclared, (
+        "figures that no results file of their section holds: write them in a generated "
+        "table (benchmarks/tables.py), link their section to it, or declare what they are "
+        "in tests/figures_declared.txt:\n" + "\n".join(undeclared))
+
+
+def test_every_declared_figure_is_still_written_and_still_unsourced():
+    missing, seen = prose.unsourced(REPOSITORY)
+    unsourced = {(page, figure) for page, _, figure in missing}
+    stale = [f"{page} | {figure}" for page, figure in prose.declared()
+             if (page, figure) not in unsourced]
+    assert not stale, ("declared in tests/figures_declared.txt but no page's prose writes "
+                       "them any more, or a results file now holds them:\n" + "\n".join(stale))

@@ -228,38 +228,62 @@ def _ratio(row, other):
     return f"{rate / base:.2f}" if rate and base else "—"
 
 
-def markdown(rows, command, commit):
-    """The side-by-side table: each row's rate at 32 clients against the SavedModel
-    behind the same server, and against the same engine behind the baseline's server."""
-    lines = [f"commit `{commit}`, `{command}`", "",
-             "| model | engine | server | " + " | ".join(f"{c} clients" for c in CONCURRENCY)
-             + " | × SavedModel at 32 | × baseline at 32 | failed at 64 "
-               "| BLEU cased / lower-cased |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in CONCURRENCY)
-             + " | --- | --- | --- | --- |"]
-    for row in rows:
-        rates = {r["clients"]: r["sentences_per_s"] for r in row["load"]}
-        failed = {r["clients"]: r["failed_all_rounds"] for r in row["load"]}
-        server = row.get("server")
-        saved_model = next((r for r in rows if r["model"] == row["model"]
-                            and r["engine"] == "SavedModel" and r.get("server") == server), None)
-        baseline = None if server is not None else next(
-            (r for r in rows if r["model"] == row["model"] and r["engine"] == row["engine"]
-             and r.get("server") is not None), None)
-        bleu = row.get("bleu")
-        lines.append(
-            f"| {row['model']} | {row['engine']} | {server or commit} | "
-            + " | ".join(f"{rates[c]:,.0f}" if c in rates else "—" for c in CONCURRENCY)
-            + f" | {_ratio(row, saved_model)} | {_ratio(row, baseline)} "
-              f"| {failed.get(64, '—')} | "
-            + (f"{bleu['cased']:.2f} / {bleu['lowercase']:.2f}" if bleu else "—") + " |")
-    return "\n".join(lines)
+def _row(row, rows, commit, baseline):
+    """A row's cells: its rates, its rate at 32 clients against the SavedModel behind the
+    same server (and against the same engine behind the baseline's server), the failed
+    requests and p99 at 64 clients, its start and its BLEU."""
+    load = {r["clients"]: r for r in row["load"]}
+    server = row.get("server")
+    saved_model = next((r for r in rows if r["model"] == row["model"]
+                        and r["engine"] == "SavedModel" and r.get("server") == server), None)
+    other = None if server is not None else next(
+        (r for r in rows if r["model"] == row["model"] and r["engine"] == row["engine"]
+         and r.get("server") is not None), None)
+    at_64, bleu = load.get(64), row.get("bleu")
+    return (row["model"], row["engine"], *([f"`{server or commit}`"] if baseline else []),
+            *(f"{load[c]['sentences_per_s']:,.0f}" if c in load else "—" for c in CONCURRENCY),
+            _ratio(row, saved_model), *([_ratio(row, other)] if baseline else []),
+            *((f"{at_64['failed_all_rounds']}", f"{at_64['p99_ms']:,.0f}") if at_64
+              else ("—", "—")),
+            f"{row['available_s']:.1f} s",
+            f"{bleu['cased']:.2f} / {bleu['lowercase']:.2f}" if bleu else "—")
+
+
+def table(results):
+    """The Markdown of a run's results (`--output`), or of a folder of runs (benchmarks/
+    tables.py's kind `engines`): for each run its command, commit and machine, then a row
+    per model and engine (and server, with `--baseline`): sentences/s at each number of
+    clients (the median round), the rate at 32 clients against the SavedModel behind the same
+    server (and against the same engine behind the baseline's server), the failed requests
+    and the p99 latency at 64 clients, the seconds from the server's start to AVAILABLE, and
+    the served test set's BLEU."""
+    import records
+    import run_all
+
+    blocks = []
+    for result in results if isinstance(results, list) else [results]:
+        if result.get("quick"):
+            raise ValueError(f"an engines.py --quick run's figures are meaningless: "
+                             f"{result['command']}")
+        made, commit, baseline = result["machine"], result["commit"], result.get("baseline")
+        head = ("model", "engine", *(["server"] if baseline else []),
+                *(f"{c} client{'s' * (c > 1)}" for c in CONCURRENCY), "× SavedModel at 32",
+                *([f"× `{baseline}` at 32"] if baseline else []), "failed at 64",
+                "p99 ms at 64", "AVAILABLE after", "BLEU cased / lower-cased")
+        blocks += [f"`{result['command']}` at commit `{commit}`, on {made['usable_cores']} "
+                   f"cores of {records._machine(made)}"
+                   + (f", each export also behind the server of commit `{baseline}`"
+                      if baseline else "") + "; sentences/s:", "",
+                   run_all.table(head, [_row(row, result["rows"], commit, baseline)
+                                        for row in result["rows"]]), ""]
+    return "\n".join(blocks[:-1])
 
 
 def main(argv=None):
     args = parse_args(argv)
     start = time.perf_counter()
-    results = {"machine": common.machine(), "commit": git_commit(), "rows": []}
+    results = {"machine": common.machine(), "commit": git_commit(), "quick": args.quick,
+               "rows": []}
     if args.baseline is not None:
         results["baseline"] = git_commit(args.baseline)
     with tempfile.TemporaryDirectory(prefix="engines-") as folder:
@@ -277,9 +301,9 @@ def main(argv=None):
                     results["rows"].append(measure(args, name, base, flags, label, test,
                                                    args.baseline, results["baseline"]))
     results["seconds"] = time.perf_counter() - start
-    command = common.command_line("engines.py", argv)
+    results["command"] = common.command_line("engines.py", argv)
     print()
-    print(markdown(results["rows"], command, results["commit"]))
+    print(table(dict(results, quick=False)))
     print(f"\n(took {results['seconds'] / 60:.1f} min)")
     common.write_results(results, args.output)
 

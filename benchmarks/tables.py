@@ -302,7 +302,7 @@ def _cpu_step(kind, runs):
 def _script_table(kind, result):
     """A results file (`--output FILE`) of the script `benchmarks/KIND.py`, whose own
     `table` makes its Markdown (cluster_faults.py, isa_check.py, torch_overhead.py,
-    torch_decoding.py, step_by_checkout.py)."""
+    torch_decoding.py, step_by_checkout.py, engines.py)."""
     import importlib
 
     return importlib.import_module(kind).table(result)
@@ -332,6 +332,7 @@ KINDS = {
     "torch_overhead": _script_table,  # a folder of torch_overhead.py --output runs: the steps
     "torch_decoding": _script_table,  # torch_decoding.py --output: traced loops against eager
     "step_by_checkout": _script_table,  # step_by_checkout.py --output runs: a step per checkout
+    "engines": _script_table,  # engines.py --output runs: the SavedModel against CTranslate2
     "recipe_windows": recipe_tables.windows,  # a folder of one recipe command's records per backend
     "gpu": gpu_tables.gpu,  # gpu_all.sh's results.jsonl: a row per model and peer
     "gpu_before_after": gpu_tables.gpu_before_after,  # the same with BEFORE: the pairs of JAX base

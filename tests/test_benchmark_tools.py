@@ -1094,3 +1094,41 @@ def test_a_recipe_commands_windows_on_each_backend_make_a_row_each(tables, tmp_p
         "window_seconds", "compile_seconds", "validation_seconds")})
     with pytest.raises(ValueError, match="differ in size"):
         tables.KINDS["recipe_windows"]("recipe_windows", [runs[0], shorter])
+
+
+def test_engines_runs_make_a_row_per_engine_and_server(tables):
+    """engines.py --output, a folder of runs (benchmarks/RESULTS.md): a line per run, then
+    a row per model and engine; with --baseline a server column, each engine against the
+    SavedModel behind its own server and against itself behind the baseline's."""
+    def row(engine, rates, server=None, bleu=None):
+        return {"model": "quickstart", "engine": engine, "available_s": 4.26, "server": server,
+                "load": [{"clients": c, "sentences_per_s": r, "failed_all_rounds": 0,
+                          "p99_ms": 250.4} for c, r in zip((1, 8, 32, 64), rates)],
+                **({"bleu": {"cased": 33.961, "lowercase": 34.17}} if bleu else {})}
+
+    machine = {"cpu": "AMD EPYC", "isa": "AVX-512", "usable_cores": 2}
+    plain = {"command": "TF_CPP_MIN_LOG_LEVEL=3 python benchmarks/engines.py", "commit": "abc1234",
+             "machine": machine, "rows": [row("SavedModel", (200, 600, 800, 810), bleu=True),
+                                          row("CTranslate2 int8", (600, 1300, 1800, 1700))]}
+    baseline = dict(plain, command="x --baseline /tmp/base", baseline="cc80bde",
+                    rows=[row("SavedModel", (200, 600, 800, 810)),
+                          row("SavedModel", (100, 300, 400, 410), server="cc80bde")])
+    lines = tables.KINDS["engines"]("engines", [plain, baseline]).splitlines()
+    assert lines[:5] == [
+        "`TF_CPP_MIN_LOG_LEVEL=3 python benchmarks/engines.py` at commit `abc1234`, on 2 cores "
+        "of an AMD EPYC (AVX-512); sentences/s:", "",
+        "| model | engine | 1 client | 8 clients | 32 clients | 64 clients | × SavedModel at 32 "
+        "| failed at 64 | p99 ms at 64 | AVAILABLE after | BLEU cased / lower-cased |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| quickstart | SavedModel | 200 | 600 | 800 | 810 | 1.00 | 0 | 250 | 4.3 s "
+        "| 33.96 / 34.17 |"]
+    assert lines[5] == ("| quickstart | CTranslate2 int8 | 600 | 1,300 | 1,800 | 1,700 | 2.25 "
+                        "| 0 | 250 | 4.3 s | — |")
+    assert lines[7].endswith("each export also behind the server of commit `cc80bde`; "
+                             "sentences/s:")
+    assert "| server |" in lines[9] and "| × `cc80bde` at 32 |" in lines[9]
+    assert lines[11].startswith("| quickstart | SavedModel | `abc1234` | 200 |")
+    assert "| 1.00 | 2.00 |" in lines[11]  # against the baseline's SavedModel: 800 / 400
+    assert lines[12].startswith("| quickstart | SavedModel | `cc80bde` | 100 |")
+    with pytest.raises(ValueError, match="meaningless"):
+        tables.KINDS["engines"]("engines", dict(plain, quick=True))

@@ -20,7 +20,8 @@ The load's sentences are the model's test sentences, or the quickstart's
 (`synthetic_translation(500, seed=3)`) for a model without a test set. The clients
 run on the same machine as the server and take CPU from it. Goal (issue 54):
 CTranslate2 int8 at >= 3x the SavedModel's sentences/s at 32 clients, with no failed
-request at 64. A full run takes about 20 minutes on a 2-core CPU.
+request at 64. The three runs of benchmarks/RESULTS.md took 7.2, 4.4 and 3.2 minutes
+on 2 cores of an AMD EPYC with AVX-512.
 
 `--baseline CHECKOUT` also serves each export with the server of another checkout (a
 git worktree of an earlier commit), right after this checkout's server, so that a

@@ -6,7 +6,9 @@ A figure is a number written with decimals or thousands separators, or followed 
 written by hand) must be found in a source the paragraph has:
 
 - a generated block of its own page (`benchmarks/tables.py` writes them), as written, or a
-  number of the results file that block is made from, rounded as the figure is written;
+  number of the results file that block is made from, rounded as the figure is written (a
+  whole number below 1,000, which a large results file holds by chance, only from a number
+  written in the block: "241 ms" for a cell's 241.3);
 - the same of a page that a link in the paragraph's section (from one heading to the next)
   leads to, within the linked section when the link names one (`RESULTS.md#the-multi30k-step-...`);
 - or be the difference or the ratio of two such figures of its paragraph, rounded as it
@@ -17,9 +19,8 @@ written by hand) must be found in a source the paragraph has:
 
 tests/test_figures.py fails on a figure with none of these, and on a declaration that no
 page's prose holds any more. The check is as strong as a figure is precise: 41.05 or 1.36× is
-found in a results file only if it is there, while a small whole number ("27 s", "3×") is
-likely to equal some number of a large results file by chance. Plain Python: no Keras, no
-pytest.
+found in a results file only if it is there, while a small whole number ("27 s", "3×") may
+still equal a number written in a large table by chance. Plain Python: no Keras, no pytest.
 """
 
 import glob
@@ -208,6 +209,10 @@ def _matches(figure, written, values):
         return True
     decimals = len(plain.partition(".")[2])
     scales = _SCALES.get(unit, (1,))
+    if not decimals and plain == number:
+        # A whole number below 1,000 equals some number of a large results file by chance:
+        # it must be written in a block, rounded as it is written ("241 ms" for 241.3).
+        values = [float(number) for number in written]
     return any(format(value * scale, f".{decimals}f") == plain
                for value in values for scale in scales)
 

@@ -147,7 +147,7 @@ def test_a_generated_blocks_marker_is_not_a_command_of_its_section():
 
 
 def test_the_prose_scan_finds_figures_and_their_sources():
-    text = ("- **A trial** scores 42.10 at α 1.4, 0.61 above the defaults' 41.49, in 197 ms\n"
+    text = ("- **A trial** scores 42.10 at α 1.4, 0.61 above the defaults' 41.49, in 197.2 ms\n"
             "  (1.36× the peer's; `--steps 8000` and 3.14.1 are not figures; §6.1 neither).\n\n"
             "```bash\npython x.py 2.5\n```\n"
             "<!-- generated from docs/results/x.json (kind) by benchmarks/tables.py -->\n"
@@ -155,10 +155,13 @@ def test_the_prose_scan_finds_figures_and_their_sources():
     [(first, item), (row, cells)] = prose.paragraphs(text.splitlines())
     assert (first, row) == (1, 10) and cells == "| hand | 7.5 s |"
     written = prose.figures(item)
-    assert written == ["42.10", "1.4", "0.61", "41.49", "197 ms", "1.36×"]
-    sourced = [f for f in written if prose._matches(f, {"41.49"}, [42.0951, 0.197, 1.4])]
-    assert sourced == ["42.10", "1.4", "41.49", "197 ms"]  # rounded as written; s as ms
+    assert written == ["42.10", "1.4", "0.61", "41.49", "197.2 ms", "1.36×"]
+    sourced = [f for f in written if prose._matches(f, {"41.49"}, [42.0951, 0.1972, 1.4])]
+    assert sourced == ["42.10", "1.4", "41.49", "197.2 ms"]  # rounded as written; s as ms
     assert prose._derived("0.61", sourced) and not prose._derived("1.36×", sourced)
+    # A whole number below 1,000 comes from a number written in a block, not from any of
+    # a results file's: "241 ms" from a cell's 241.3.
+    assert prose._matches("241 ms", {"241.3"}, []) and not prose._matches("3×", {"2.5"}, [3.0])
 
 
 def test_every_figure_in_the_prose_comes_from_a_results_file_or_is_declared():

@@ -10,10 +10,12 @@ written by hand) must be found in a source the paragraph has:
   whole number below 1,000, which a large results file holds by chance, only from a number
   written in the block: "241 ms" for a cell's 241.3);
 - the same of a page that a link in the paragraph's section (from one heading to the next)
-  leads to, within the linked section when the link names one (`RESULTS.md#the-multi30k-step-...`);
-- or be the difference or the ratio of two such figures of its paragraph, rounded as it
-  is written ("42.10, 0.61 above the defaults' 41.49");
-- or a line of `DECLARED` (tests/figures_declared.txt), which says what the figure is when
+  leads to, within the linked section when the link names one (`RESULTS.md#the-multi30k-step-...`),
+  or a number of a results file or folder that such a link leads to (under docs/results/,
+  benchmarks/results/ or benchmarks/gpu_runs/);
+- the difference or the ratio of two such figures of its paragraph, rounded as it is
+  written ("42.10, 0.61 above the defaults' 41.49");
+- a line of tests/figures_declared.txt (`declared`), which says what the figure is when
   it is not a measurement of ours (a setting, a version, the paper's, a goal, a size) or
   how it follows from measured ones (a difference, a ratio, a range over a table).
 

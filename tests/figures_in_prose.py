@@ -59,7 +59,8 @@ def pages(root=REPOSITORY):
 
 
 def anchor(heading):
-    """GitHub's anchor of a heading (as tests/test_docs.py's)."""
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as
+    hyphens (tests/test_docs.py's links use it too)."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
@@ -204,32 +205,33 @@ _SCALES = {"%": (1, 100), "ms": (1, 1000), "GiB": (1, 2 ** -30), "MiB": (1, 2 **
            "GB": (1, 1e-9), "MB": (1, 1e-6)}
 
 
-def _matches(figure, written, values):
+def _parts(figure):
+    """(the number without thousands separators, its decimals, its unit) of a figure as
+    `figures` writes it ("1,015.7 sentences/s", "1.36×")."""
     number, _, unit = figure.replace("×", " ×").replace("%", " %").partition(" ")
     plain = number.replace(",", "")
+    return plain, len(plain.partition(".")[2]), unit
+
+
+def _matches(figure, written, values):
+    plain, decimals, unit = _parts(figure)
     if plain in written:
         return True
-    decimals = len(plain.partition(".")[2])
-    scales = _SCALES.get(unit, (1,))
-    if not decimals and plain == number:
-        # A whole number below 1,000 equals some number of a large results file by chance:
-        # it must be written in a block, rounded as it is written ("241 ms" for 241.3).
+    if not decimals and "," not in figure:
+        # A whole number below 1,000 (written without separators) equals some number of a
+        # large results file by chance: it must be written in a block, rounded as it is
+        # written ("241 ms" for 241.3).
         values = [float(number) for number in written]
     return any(format(value * scale, f".{decimals}f") == plain
-               for value in values for scale in scales)
-
-
-def _value(figure):
-    return float(figure.split(" ")[0].rstrip("×%").replace(",", ""))
+               for value in values for scale in _SCALES.get(unit, (1,)))
 
 
 def _derived(figure, sourced):
     """Whether the figure is the difference or the ratio of two sourced figures of its
     paragraph, rounded as it is written ("0.61 above the defaults' 41.49" after 42.10)."""
-    number = figure.split(" ")[0].rstrip("×%").replace(",", "")
-    decimals = len(number.partition(".")[2])
-    values = [_value(other) for other in sourced]
-    return any(format(result, f".{decimals}f") == number
+    plain, decimals, _ = _parts(figure)
+    values = [float(_parts(other)[0]) for other in sourced]
+    return any(format(result, f".{decimals}f") == plain
                for a in values for b in values if a != b
                for result in (a - b, a / b if b else 0.0))
 
@@ -258,9 +260,8 @@ def _sections(page):
 
 
 def unsourced(root=REPOSITORY):
-    """[(page, line, figure)] of every figure no source of its paragraph holds, and the
-    set of (page, figure) found anywhere in the prose (for stale declarations)."""
-    loaded, missing, seen = {}, [], set()
+    """[(page, line, figure)] of every figure no source of its paragraph holds."""
+    loaded, missing = {}, []
 
     def page_of(name):
         if name not in loaded:
@@ -290,8 +291,6 @@ def unsourced(root=REPOSITORY):
                 written = figures(text)
                 sourced = [figure for figure in written if any(
                     _matches(figure, *candidate) for candidate in candidates)]
-                for figure in written:
-                    seen.add((name, figure))
-                    if figure not in sourced and not _derived(figure, sourced):
-                        missing.append((name, line, figure))
-    return missing, seen
+                missing += [(name, line, figure) for figure in written
+                            if figure not in sourced and not _derived(figure, sourced)]
+    return missing

@@ -13,6 +13,7 @@ import os
 import re
 
 import pytest
+from figures_in_prose import anchor
 from helpers import REPOSITORY
 
 _FENCE = re.compile(r"^```\s*(\S*)\s*$")
@@ -90,12 +91,6 @@ def test_python_code_is_labelled_python(page):
 
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
-
-
-def anchor(heading):
-    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped,
-    spaces as hyphens."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def _anchors(path):

@@ -167,7 +167,7 @@ def test_the_prose_scan_finds_figures_and_their_sources():
 def test_every_figure_in_the_prose_comes_from_a_results_file_or_is_declared():
     """Issue 83: a measured figure is written from its results file; one that is not a
     measurement, or follows from others, says so in tests/figures_declared.txt."""
-    missing, _ = prose.unsourced(REPOSITORY)
+    missing = prose.unsourced(REPOSITORY)
     declared = prose.declared()
     undeclared = sorted({f"{page}:{line}: {figure}" for page, line, figure in missing
                          if (page, figure) not in declared})
@@ -178,8 +178,7 @@ def test_every_figure_in_the_prose_comes_from_a_results_file_or_is_declared():
 
 
 def test_every_declared_figure_is_still_written_and_still_unsourced():
-    missing, seen = prose.unsourced(REPOSITORY)
-    unsourced = {(page, figure) for page, _, figure in missing}
+    unsourced = {(page, figure) for page, _, figure in prose.unsourced(REPOSITORY)}
     stale = [f"{page} | {figure}" for page, figure in prose.declared()
              if (page, figure) not in unsourced]
     assert not stale, ("declared in tests/figures_declared.txt but no page's prose writes "

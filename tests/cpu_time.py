@@ -11,8 +11,9 @@ left after subtraction, over a whole pass. A process that a test leaves running 
 where it is waited for.
 
 Loaded from the repository's conftest.py (`pytest_plugins`), for the tests and for the
-docstring examples; .ci/run's passes give `--durations 25`. Where the environment names a
-file in `CI_TIMES` (.ci/run does), the report is also added to it as a line of JSON, under
+docstring examples; .ci/run's passes give `--durations 25`, which prints it. Where the
+environment names a file in `CI_TIMES` (.ci/run and `.ci/times.py --time` do), the report is
+added to it as a line of JSON, with `--durations` or without, under
 the stage that `CI_STAGE` names, with the seconds of its 25 slowest tests (setup, call and
 teardown; the walk's tests are its pages, so its chains' times are in it): .ci/times.py
 makes CI's record of them.
@@ -75,11 +76,12 @@ class _Totals:
 
     @pytest.hookimpl(trylast=True)  # after the durations
     def pytest_terminal_summary(self, terminalreporter, config):
-        if config.option.durations is None or not self.files:
+        if not self.files:
             return
-        terminalreporter.write_sep("=", "where the tests' time went")
-        for line in summary(self.files):
-            terminalreporter.write_line(line)
+        if config.option.durations is not None:
+            terminalreporter.write_sep("=", "where the tests' time went")
+            for line in summary(self.files):
+                terminalreporter.write_line(line)
         if os.environ.get("CI_TIMES"):
             seconds, own, started = (round(total) for total in totals(self.files))
             with open(os.environ["CI_TIMES"], "a", encoding="utf-8") as file:

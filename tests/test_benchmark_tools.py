@@ -317,14 +317,36 @@ def test_wmt14_scale_runs_make_the_table_of_memory_and_time(tables):
                            "448 MiB, offsets 69 MiB). ")
 
 
-def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, monkeypatch):
-    """.ci/run's lines (a stage's seconds; a pytest run's split, from tests/cpu_time.py)
-    become .ci/times.py's record, and the record installation.md's tables."""
+def _ci_times():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("ci_times", f"{REPOSITORY}/.ci/times.py")
     ci_times = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ci_times)
+    return ci_times
+
+
+def test_a_timed_command_is_a_record_of_one_stage_and_a_failed_one_none(tmp_path):
+    """`.ci/times.py --time` (installation.md's quick loop): the command's seconds and the
+    line its pytest run adds under CI_TIMES make one stage; its status is passed on."""
+    ci_times = _ci_times()
+    output = tmp_path / "quick.json"
+    pytest_line = ('echo \'{"stage": "command", "tests": {"seconds": 5, "own_cpu": 3, '
+                   '"started_cpu": 1}}\' >> "$CI_TIMES"')
+    assert ci_times.time_command(str(output), f"{pytest_line} && sleep 0.2") == 0
+    record = json.loads(output.read_text())
+    assert record["command"] == f"{pytest_line} && sleep 0.2" and record["commit"]
+    [stage] = record["stages"]
+    assert stage["stage"] == "command" and stage["tests"]["own_cpu"] == 3
+    assert 0.2 <= stage["seconds"] < 10
+    assert ci_times.time_command(str(tmp_path / "failed.json"), "exit 3") == 3
+    assert not (tmp_path / "failed.json").exists()
+
+
+def test_cis_record_of_its_stages_makes_the_tables_of_ci_time(tables, tmp_path, monkeypatch):
+    """.ci/run's lines (a stage's seconds; a pytest run's split, from tests/cpu_time.py)
+    become .ci/times.py's record, and the record installation.md's tables."""
+    ci_times = _ci_times()
     seconds = {"install": 8, "ruff": 0, "lint-imports": 1, "suite (tensorflow)": 285,
                "suite (jax)": 249, "suite (torch)": 253, "walk": 401, "walk's tables": 4,
                "figures --check": 5}

@@ -75,7 +75,9 @@ def test_ci_keeps_the_split_and_each_tests_seconds_in_its_record(tmp_path):
     assert cpu_time.slowest({"a": 1.04, "b": 3.0, "c": 2.0}, count=2) == {"b": 3.0, "c": 2.0}
 
 
-def test_without_durations_there_is_no_report(monkeypatch):
+def test_without_durations_there_is_no_report_but_ci_times_gets_its_line(monkeypatch, tmp_path):
+    """The report is printed after `--durations`' only; a CI_TIMES file (.ci/times.py --time's
+    quick loop, run without --durations) gets its line either way."""
     class Reporter:
         def __init__(self):
             self.lines = []
@@ -92,6 +94,13 @@ def test_without_durations_there_is_no_report(monkeypatch):
     config = types.SimpleNamespace(option=types.SimpleNamespace(durations=None))
     totals.pytest_terminal_summary(reporter, config)
     assert reporter.lines == []
+    monkeypatch.setenv("CI_TIMES", str(tmp_path / "times.jsonl"))
+    monkeypatch.setenv("CI_STAGE", "command")
+    totals.pytest_terminal_summary(reporter, config)
+    assert reporter.lines == []
+    [entry] = [json.loads(line) for line in (tmp_path / "times.jsonl").read_text().splitlines()]
+    assert entry["stage"] == "command" and entry["tests"]["seconds"] == 1
+    monkeypatch.delenv("CI_TIMES")
     config.option.durations = 0
     totals.pytest_terminal_summary(reporter, config)
     assert reporter.lines == ["where the tests' time went", *summary(totals.files)]

@@ -14,6 +14,7 @@ of the block that failed, with the table of what the walk changed and the output
 
 import glob
 import os
+import re
 
 import page_walk
 import pytest
@@ -30,16 +31,72 @@ def test_every_page_with_shell_blocks_is_walked():
     assert set(page_walk.SUBSTITUTIONS) <= set(page_walk.PAGES)
 
 
+# A page's paragraph on what it takes from other pages says "what other pages make first" (or
+# "what another page makes first"); the paths of runs and exports the blocks name; where a
+# block makes one (a recipe's own run directory, unless the command names another).
+_NEEDS_PARAGRAPH = re.compile(r"what (?:other pages make|another page makes) first")
+_RUN_PATH = re.compile(r"(?<![\w/.~$-])((?:runs|saved_models|ct2_models)/[\w.-]+)")
+_MAKES = re.compile(r"(?:--run-dir|--export-dir) (\S+)|keras-transformer export \S+ (\S+)")
+_RECIPE = re.compile(r"python -m recipes\.(\w+)([^\n#|&;]*)")
+
+
+def _needs_paragraph(page):
+    paragraphs = [paragraph for paragraph in page_walk.read(page).split("\n\n")
+                  if _NEEDS_PARAGRAPH.search(" ".join(paragraph.split()))]
+    assert len(paragraphs) <= 1, f"{page}: more than one paragraph on what other pages make first"
+    return " ".join(paragraphs[0].split()) if paragraphs else None
+
+
+def _run_paths(page):
+    """(the run and export paths its blocks name, those its blocks make)"""
+    import importlib
+
+    code = "\n".join(code for _, code, _ in page_walk.blocks(page_walk.read(page)))
+    makes = {"".join(found) for found in _MAKES.findall(code.replace("recipes.average", ""))}
+    for name, options in _RECIPE.findall(code):
+        if name == "average" or "--run-dir" in options:
+            continue
+        parser = importlib.import_module(f"recipes.{name}").build_parser()
+        [text] = [action.help for action in parser._actions if action.dest == "run_dir"]
+        run_dir = parser.get_default("run_dir") or re.search(r"default: (\S+)\)", text)[1]
+        for word in ("DIRECTION", "CONFIG"):  # runs/multi30k-DIRECTION and the like
+            given = re.search(rf"--{word.lower()} (\S+)", options)
+            run_dir = run_dir.replace(word, given[1] if given else
+                                      str(parser.get_default(word.lower()) or word))
+        makes.add(run_dir)
+    return set(_RUN_PATH.findall(code)), makes
+
+
 @pytest.mark.once("torch")
 def test_a_page_declares_what_the_walk_makes_for_it_from_another_chain():
     """What the walk makes before a page (page_walk.BEFORE) is what the page says, in the
     paragraph on "what other pages make first", that it takes from other pages."""
     for page, entries in page_walk.BEFORE.items():
-        paragraphs = [paragraph for paragraph in page_walk.read(page).split("\n\n")
-                      if "what other pages make first" in paragraph]
-        assert len(paragraphs) == 1, f"{page}: no paragraph on what other pages make first"
-        missing = [makes for _, makes, _ in entries if f"`{makes}`" not in paragraphs[0]]
+        paragraph = _needs_paragraph(page)
+        assert paragraph, f"{page}: no paragraph on what other pages make first"
+        missing = [makes for _, makes, _ in entries if f"`{makes}`" not in paragraph]
         assert not missing, f"{page} does not say it takes {missing} from other pages"
+
+
+@pytest.mark.once("torch")
+def test_a_page_declares_the_runs_it_takes_from_the_pages_before_it():
+    """A run or export that a page's blocks use and do not make is made by a page before it in
+    its chain (or by page_walk.BEFORE), and its paragraph on what other pages make first
+    names it; a run that paragraph names is made before the page (no stale declaration)."""
+    for pages in page_walk.CHAINS.values():
+        made_before = set()
+        for page in pages:
+            used, makes = _run_paths(page)
+            made_before |= {path for _, path, _ in page_walk.BEFORE.get(page, ())}
+            needed = used - makes
+            assert needed <= made_before, (
+                f"{page} uses {sorted(needed - made_before)}, which no page before it makes")
+            paragraph = _needs_paragraph(page) or ""
+            missing = [path for path in sorted(needed) if f"`{path}`" not in paragraph]
+            assert not missing, f"{page} does not say it takes {missing} from other pages"
+            stale = set(re.findall(f"`{_RUN_PATH.pattern}`", paragraph)) - made_before
+            assert not stale, f"{page} says it takes {sorted(stale)}, which no page before makes"
+            made_before |= makes
 
 
 @pytest.mark.once("torch")

@@ -34,8 +34,8 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECLARED_FILE = os.path.join(REPOSITORY, "tests", "figures_declared.txt")
 # The pages a script writes whole (tests/claims.py, keras_transformer_app.reference).
 GENERATED_PAGES = ("docs/claims.md", "docs/commands.md")
-KINDS = ("setting", "version", "paper", "goal", "size", "derived", "earlier", "unrecorded",
-         "example")
+# No kind for a measurement: a measured figure comes from a results file, or is not written.
+KINDS = ("setting", "version", "paper", "goal", "size", "derived", "example")
 
 _UNITS = (r"%|×|ms\b|µs\b|s\b|min\b|minutes\b|h\b|hours?\b|GiB\b|MiB\b|GB\b|MB\b|BLEU\b|"
           r"sentences/s\b|tokens/s\b|tok/s\b|parameters\b")

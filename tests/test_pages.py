@@ -167,7 +167,8 @@ def chains(tmp_path_factory):
 @pytest.mark.parametrize("page", [pytest.param(page, marks=pytest.mark.xdist_group(name))
                                   for name in page_walk.WALKED_IN_THE_SUITE
                                   for page in page_walk.CHAINS[name]])
-@pytest.mark.backs("README.md", "block but performance.md's under `tests/test_pages.py` (the walk, in fresh clones")
+@pytest.mark.backs("README.md", "block but performance.md's under `tests/test_pages.py` (the walk, "
+                                 "in fresh clones")
 def test_the_page_runs(page, chains):
     directory, env, failed = chains(page_walk.chain_of(page))
     if failed:

@@ -52,9 +52,11 @@ def _run_paths(page):
     import importlib
 
     code = "\n".join(code for _, code, _ in page_walk.blocks(page_walk.read(page)))
-    makes = {"".join(found) for found in _MAKES.findall(code.replace("recipes.average", ""))}
-    for name, options in _RECIPE.findall(code):
-        if name == "average" or "--run-dir" in options:
+    # recipes.average reads the run its --run-dir names, and writes its --output beside it.
+    making = "\n".join(line for line in code.splitlines() if "recipes.average" not in line)
+    makes = {"".join(found) for found in _MAKES.findall(making)}
+    for name, options in _RECIPE.findall(making):
+        if "--run-dir" in options:
             continue
         parser = importlib.import_module(f"recipes.{name}").build_parser()
         [text] = [action.help for action in parser._actions if action.dest == "run_dir"]

@@ -111,10 +111,6 @@ def use_compilation_cache(directory):
     (`jax_persistent_cache_min_compile_time_secs`). Does nothing under the
     other backends (TensorFlow keeps no such cache; torch compiles nothing).
 
-    A cache the environment names (`JAX_COMPILATION_CACHE_DIR`, which JAX
-    reads when it starts) is the user's choice and is kept: every run then
-    shares that one, and `directory` is not made.
-
     Returns:
         Whether the cache is on.
     """
@@ -124,8 +120,6 @@ def use_compilation_cache(directory):
         return False
     import os
 
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return True
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 

@@ -12,8 +12,7 @@ checkpoint averaging (§6.1), evaluation, export and serving all ask these two:
       model_averaged.keras   the average of the last checkpoints (§6.1)
       checkpoints/           step-0000500.keras, ...
       backup/                the last window's weights and optimizer state (fit.RunBackup)
-      compilation_cache/     JAX's compiled programs, reused by a resumed run (unless
-                             JAX_COMPILATION_CACHE_DIR names another cache)
+      compilation_cache/     JAX's compiled programs, reused by a resumed run
       token_cache/           a large training split's ids, tokenized once
                              (keras_transformer.data.token_cache)
       logs/                  TensorBoard

@@ -52,7 +52,8 @@ def _run_paths(page):
     import importlib
 
     code = "\n".join(code for _, code, _ in page_walk.blocks(page_walk.read(page)))
-    # recipes.average reads the run its --run-dir names, and writes its --output beside it.
+    # recipes.average reads the run its --run-dir names; it makes no run (its --output, or
+    # RUN_DIR/model_averaged.keras by default, is a model file).
     making = "\n".join(line for line in code.splitlines() if "recipes.average" not in line)
     makes = {"".join(found) for found in _MAKES.findall(making)}
     for name, options in _RECIPE.findall(making):

@@ -372,9 +372,16 @@ def command_line(native_logs=None, flags=None):
 
 def guarded(main, *args, **kwargs):
     """`main(*args, **kwargs)` inside `command_line`: how a recipe runs as a script
-    (`if __name__ == "__main__": errors.guarded(main)`)."""
+    (`if __name__ == "__main__": errors.guarded(main)`). Once `main` has returned, a
+    signal is ignored (`logs.finished`), as after the program's commands: what is left is
+    the interpreter's and TensorFlow's shutdown, and the start-up's handler would end the
+    finished recipe with 130 or 143."""
+    from keras_transformer_app import logs
+
     with command_line():
-        return main(*args, **kwargs)
+        result = main(*args, **kwargs)
+        logs.finished()
+    return result
 
 
 def _discard_stdout():

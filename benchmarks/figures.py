@@ -31,6 +31,8 @@ FIGURE = re.compile(r"(?<![§\w.])\d+\.\d+(?![\w.])|\b\d{1,3}(?:,\d{3})+\b"
 COMMIT = re.compile(r"\bcommits? `([0-9a-f]{7,40})`")
 NOT_MEASURED = "<!-- not measured -->"
 LABEL = "the code has changed since"
+# The blocks that benchmarks/tables.py writes from results files (its BEGIN and END).
+GENERATED_BEGIN, GENERATED_END = "<!-- generated from ", "<!-- end of generated -->"
 COMMAND = re.compile(r"benchmarks/(\w+)\.py|recipes\.(\w+)|keras-transformer (\w+)")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 # The scripts that write tables from results files: named in a section, or imported by a
@@ -236,20 +238,38 @@ def stale_tables(root=ROOT):
 
 def label(page, line, root=ROOT):
     """Writes "(the code has changed since)" after the first commit its section names,
-    for the table at `line` ("(the code has changed since; ..." into a parenthesis there)."""
+    for the table at `line` ("(the code has changed since; ..." into a parenthesis there),
+    outside the blocks that tables.py writes (`python benchmarks/tables.py --write` writes
+    them again from their results files, without it): where its section names a commit only
+    inside such a block, a line saying so goes before the block."""
     path = os.path.join(root, page)
     with open(path, encoding="utf-8") as file:
         lines = file.read().split("\n")
-    start = max([i for i, text in enumerate(lines[:line - 1]) if text.startswith("#")],
-                default=0)
+    headings = _headings(lines)
+    start = max([i for i in headings if i < line - 1], default=0)
+    generated, block = None, None  # the first line of the block we are in; (that, commit)
+    written = False
     for index in range(start, len(lines)):
-        match = COMMIT.search(lines[index])
-        if match:
-            before, after = lines[index][:match.end()], lines[index][match.end():]
+        text = lines[index]
+        if index > start and index in headings:  # the next section
+            break
+        if text.startswith(GENERATED_BEGIN):
+            generated = index
+        elif text.startswith(GENERATED_END):
+            generated = None
+        match = COMMIT.search(text)
+        if match and generated is not None:
+            block = block or (generated, match.group(1))
+        elif match:
+            before, after = text[:match.end()], text[match.end():]
             # A parenthesis that follows the commit takes the label first.
             lines[index] = (f"{before} ({LABEL}; {after[2:]}" if after.startswith(" (")
                             else f"{before} ({LABEL}){after}")
+            written = True
             break
+    if not written and block:
+        begin, commit = block
+        lines[begin:begin] = [f"Measured at commit `{commit}` ({LABEL}):", ""]
     with open(path, "w", encoding="utf-8") as file:
         file.write("\n".join(lines))
 
@@ -289,6 +309,15 @@ def is_shallow(root=ROOT):
 
 def _same_section(a, b, root):
     with open(os.path.join(root, a.page), encoding="utf-8") as file:
-        lines = file.read().split("\n")
-    between = lines[min(a.line, b.line) - 1:max(a.line, b.line)]
-    return not any(text.startswith("#") for text in between)
+        headings = _headings(file.read().split("\n"))
+    return not any(min(a.line, b.line) - 1 <= i < max(a.line, b.line) for i in headings)
+
+
+def _headings(lines):
+    """The indices of a page's heading lines (a shell comment in a code block is none)."""
+    headings, fenced = set(), False
+    for index, text in enumerate(lines):
+        fenced ^= text.startswith("```")
+        if text.startswith("#") and not fenced:
+            headings.add(index)
+    return headings

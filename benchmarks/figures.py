@@ -63,7 +63,7 @@ def tables(text):
     table of a Markdown page, outside code blocks."""
     lines = text.splitlines()
     found, fenced, index = [], False, 0
-    headings = [i for i, line in enumerate(lines) if line.startswith("#")]
+    headings = sorted(_headings(lines))
     while index < len(lines):
         line = lines[index]
         if line.startswith("```"):

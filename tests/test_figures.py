@@ -36,6 +36,10 @@ def test_tables_of_figures_are_recognised():
     text = "# A\ntext\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n\n# B\n"
     [(line, section, table, marked)] = tables(text)
     assert line == 4 and section.startswith("# A") and "# B" not in section and not marked
+    # A shell comment in a code block is no heading: the section still starts at "# A".
+    text = "# A\nAt commit `abc1234`:\n\n```bash\n# run it\n```\n\n| a | b |\n| --- | --- |\n"
+    [(line, section, table, marked)] = tables(text)
+    assert section.startswith("# A\nAt commit `abc1234`")
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -169,6 +169,8 @@ print("went on after the signal")
 
 @pytest.mark.parametrize("ended", ["command line", "recipe"])
 @pytest.mark.parametrize("signal_name", SIGNALS)
+@pytest.mark.backs("docs/troubleshooting.md",
+                   "So does a command or recipe signalled once its work is done")
 def test_a_signal_after_a_finished_command_line_is_ignored(signal_name, ended):
     command = Command([sys.executable, "-c", SIGNALLED_ONCE_FINISHED, signal_name, ended])
     status, lines = command.ended_after(signal_name)  # the command signals itself

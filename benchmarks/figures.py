@@ -290,8 +290,10 @@ def check(write=False, root=ROOT, out=print):
             f"changed since: {files}")
     if write:
         done = set()
-        for table in unlabelled:
-            # One label a section: the tables after the first in it share it.
+        # From the end of each page up, so that the lines a label adds (`label`) do not
+        # move the tables still to label.
+        for table in sorted(unlabelled, key=lambda table: (table.page, -table.line)):
+            # One label a section: its other tables share it.
             if not any(t.page == table.page and _same_section(t, table, root) for t in done):
                 label(table.page, table.line, root)
                 done.add(table)

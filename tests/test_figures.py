@@ -113,22 +113,21 @@ def test_a_table_is_stale_when_the_code_its_command_imports_changes(tmp_path):
     [table] = figures.stale_tables(str(tmp_path))
     assert table.labelled
 
-    # A table whose section names its commit only inside a block that tables.py writes
-    # (which --write there would undo): the label goes in a line of its own before it.
+    # Tables whose sections name their commit only inside a block that tables.py writes
+    # (which --write there would undo): the label goes in a line of its own before the
+    # block, in each section (the lines added above do not move the label of the next).
     block = ["<!-- generated from results.json (speed) by benchmarks/tables.py -->",
-             f"`python benchmarks/speed.py` at commit `{commit}`:", "",
+             f"`python benchmarks/speed.py` at commit `{commit}`:",
              "| run | ms |", "| --- | --- |", "| one | 12.5 |", "<!-- end of generated -->"]
-    page.write_text("\n".join(["# Speed", "", "```bash", "# measures", "```", "", *block, "",
-                               "## Next", "", f"At commit `{commit}`."]) + "\n")
-    [table] = figures.stale_tables(str(tmp_path))
-    assert not table.labelled
+    sections = [["# Speed", "", "```bash", "# measures", "```", "", *block], ["## Again", *block],
+                ["## Once more", *block], ["## Next", "", f"At commit `{commit}`."]]
+    page.write_text("\n".join(line for section in sections for line in section) + "\n")
+    assert [table.labelled for table in figures.stale_tables(str(tmp_path))] == [False] * 3
     assert figures.check(write=True, root=str(tmp_path), out=lines.append) == 0
-    assert page.read_text().split("\n") == [
-        "# Speed", "", "```bash", "# measures", "```", "",
-        f"Measured at commit `{commit}` (the code has changed since):", "", *block, "",
-        "## Next", "", f"At commit `{commit}`.", ""]
-    [table] = figures.stale_tables(str(tmp_path))
-    assert table.labelled
+    label = [f"Measured at commit `{commit}` (the code has changed since):", ""]
+    sections = [section[:-len(block)] + label + block for section in sections[:3]] + sections[3:]
+    assert page.read_text() == "\n".join(line for section in sections for line in section) + "\n"
+    assert [table.labelled for table in figures.stale_tables(str(tmp_path))] == [True] * 3
 
 
 def test_the_script_that_writes_tables_is_not_what_a_section_measured():

@@ -31,7 +31,8 @@ FIGURE = re.compile(r"(?<![§\w.])\d+\.\d+(?![\w.])|\b\d{1,3}(?:,\d{3})+\b"
 COMMIT = re.compile(r"\bcommits? `([0-9a-f]{7,40})`")
 NOT_MEASURED = "<!-- not measured -->"
 LABEL = "the code has changed since"
-# The blocks that benchmarks/tables.py writes from results files (its BEGIN and END).
+# The markers of the blocks that benchmarks/tables.py writes from results files (its BEGIN
+# and END are made of them).
 GENERATED_BEGIN, GENERATED_END = "<!-- generated from ", "<!-- end of generated -->"
 COMMAND = re.compile(r"benchmarks/(\w+)\.py|recipes\.(\w+)|keras-transformer (\w+)")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)

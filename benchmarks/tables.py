@@ -39,20 +39,22 @@ REPOSITORY = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-import gpu_tables  # noqa: E402  (beside this file)
+import figures  # noqa: E402  (beside this file)
+import gpu_tables  # noqa: E402
 import recipe_tables  # noqa: E402
 import records  # noqa: E402
 from records import BACKEND_NAMES, record  # noqa: E402  (`tables.record`: --record's)
 
-BEGIN = re.compile(r"^<!-- generated from (?P<source>\S+) \((?P<kind>[\w.]+)\) by "
-                   r"benchmarks/tables\.py -->$", re.MULTILINE)
-END = "<!-- end of generated -->"
+# A block's markers (figures.py labels a stale table outside them).
+BEGIN = re.compile("^" + re.escape(figures.GENERATED_BEGIN) + r"(?P<source>\S+) "
+                   r"\((?P<kind>[\w.]+)\) by benchmarks/tables\.py -->$", re.MULTILINE)
+END = figures.GENERATED_END
 
 
 def begin(source, kind):
     """The opening marker of a block made from `source` (a path from the repository's
     root) by `kind`."""
-    return f"<!-- generated from {source} ({kind}) by benchmarks/tables.py -->"
+    return f"{figures.GENERATED_BEGIN}{source} ({kind}) by benchmarks/tables.py -->"
 
 
 def marked(source, kind, text):
@@ -371,8 +373,6 @@ def blocks(text):
 
 def pages(repository=REPOSITORY):
     """The pages that may hold generated blocks: the README, docs/ and the benchmarks'."""
-    import figures
-
     return figures.pages(repository)
 
 
